@@ -1,0 +1,48 @@
+use kopt_spec::expr::EvalError;
+
+/// Errors of a generated launcher.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("`{kernel}`: buffer `{buffer}` holds {actual} elements, but the spec needs {expected} for these arguments; nothing was launched")]
+    BufferTooShort {
+        kernel: &'static str,
+        buffer: &'static str,
+        expected: i64,
+        actual: usize,
+    },
+    #[error("`{kernel}`: {what} `{item}` cannot be computed for these arguments: {error}; nothing was launched")]
+    Expr {
+        kernel: &'static str,
+        what: &'static str,
+        item: &'static str,
+        error: EvalError,
+    },
+    #[error(
+        "`{kernel}`: {what} of `{variant}` is {value}, outside 1..=u32::MAX; nothing was launched"
+    )]
+    Geometry {
+        kernel: &'static str,
+        variant: &'static str,
+        what: &'static str,
+        value: i64,
+    },
+    #[error("`{kernel}`: NVRTC could not compile `{variant}`:\n{log}")]
+    Compile {
+        kernel: String,
+        variant: String,
+        log: String,
+    },
+    #[error("NVRTC (libnvrtc.so) could not be loaded: install the CUDA toolkit's NVRTC, or add its folder to LD_LIBRARY_PATH")]
+    NoNvrtc,
+    #[error("`{kernel}` was used from more than {max} CUDA contexts")]
+    TooManyContexts { kernel: &'static str, max: usize },
+    #[error("CUDA driver error: {0}")]
+    Driver(#[source] cudarc::driver::DriverError),
+}
+
+impl Error {
+    pub(crate) fn driver(e: cudarc::driver::DriverError) -> Self {
+        Error::Driver(e)
+    }
+}

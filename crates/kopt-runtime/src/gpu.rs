@@ -1,0 +1,34 @@
+//! Probing for a usable CUDA installation without panicking (cudarc panics when a
+//! library it loads dynamically is missing).
+
+/// Whether the CUDA driver library (`libcuda`) can be loaded.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether the NVRTC library can be loaded.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// What is missing for GPU work, in one line, or `None` when a GPU can be used.
+pub fn missing() -> Option<String> {
+    if !driver_present() {
+        return Some("no CUDA driver found (libcuda.so could not be loaded): kopt needs an NVIDIA GPU with its driver for this".into());
+    }
+    match cudarc::driver::CudaContext::device_count() {
+        Ok(0) => return Some("the CUDA driver is present but reports no GPU".into()),
+        Err(e) => {
+            return Some(format!(
+                "the CUDA driver is present but failed to initialise: {e}"
+            ))
+        }
+        Ok(_) => {}
+    }
+    if !nvrtc_present() {
+        return Some("NVRTC (libnvrtc.so) could not be loaded: install the CUDA toolkit's NVRTC, or add its folder to LD_LIBRARY_PATH".into());
+    }
+    None
+}

@@ -1,0 +1,489 @@
+//! The definition a `#[kopt::kernel]` expansion embeds, and the per-context state behind
+//! the generated launcher: which compiled function runs for a given launch, and why.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::driver::{CudaFunction, CudaStream};
+use kopt_spec::expr::{self, Op};
+use kopt_spec::KernelSpec;
+
+use crate::compile;
+use crate::Error;
+
+/// A device buffer parameter: its name and its length as an expression program.
+#[derive(Debug)]
+pub struct BufferDef {
+    pub name: &'static str,
+    pub len: &'static [Op],
+}
+
+/// A shape region: the condition over the scalar arguments under which a variant runs.
+#[derive(Debug)]
+pub struct RegionDef {
+    pub text: &'static str,
+    pub program: &'static [Op],
+}
+
+/// One compilable kernel version: the reference or an accepted variant.
+#[derive(Debug)]
+pub struct VariantDef {
+    /// `reference`, or the variant's name.
+    pub id: &'static str,
+    /// The architecture the variant was accepted for (`None` for the reference).
+    pub arch: Option<&'static str>,
+    pub region: Option<RegionDef>,
+    /// The self-contained CUDA C++ source.
+    pub source: &'static str,
+    pub entry: &'static str,
+    /// NVRTC options (defines first).
+    pub options: &'static [&'static str],
+    pub grid: [&'static [Op]; 3],
+    pub block: [&'static [Op]; 3],
+    pub smem: &'static [Op],
+}
+
+/// A lock entry the build refused (stale or corrupt), kept so introspection can say why.
+#[derive(Debug)]
+pub struct UnusableDef {
+    pub arch: &'static str,
+    pub variant: &'static str,
+    pub reason: &'static str,
+}
+
+/// Everything the expansion knows about a kernel.
+#[derive(Debug)]
+pub struct KernelDef {
+    pub name: &'static str,
+    pub crate_name: &'static str,
+    pub spec_json: &'static str,
+    pub scalars: &'static [&'static str],
+    pub buffers: &'static [BufferDef],
+    pub reference: VariantDef,
+    /// Usable accepted variants, grouped by architecture in lock order.
+    pub variants: &'static [VariantDef],
+    pub unusable: &'static [UnusableDef],
+}
+
+/// How many CUDA contexts one kernel can be used from (one per GPU is typical).
+pub const MAX_CONTEXTS: usize = 32;
+
+/// A kernel declared with `#[kopt::kernel]`: the generated launcher's state, and the
+/// introspection API (name, spec, which variant runs for given arguments, and why).
+pub struct Kernel {
+    def: KernelDef,
+    spec: OnceLock<KernelSpec>,
+    slots: [Slot; MAX_CONTEXTS],
+    init: Mutex<()>,
+}
+
+struct Slot {
+    /// The `CUcontext` this slot serves, published after `loaded` is set.
+    ctx: AtomicUsize,
+    loaded: OnceLock<Loaded>,
+}
+
+/// The compiled functions of one kernel in one context.
+struct Loaded {
+    arch: String,
+    reference: CudaFunction,
+    /// Aligned with `def.variants`: the function where the variant is for this
+    /// architecture and compiled, else `None`.
+    variants: Vec<Option<CudaFunction>>,
+    /// Variants for this architecture that failed to compile or load here.
+    failures: Vec<(&'static str, String)>,
+}
+
+/// A resolved launch: the function and its geometry. Produced by [`Kernel::prepare`].
+pub struct Launch<'a> {
+    function: &'a CudaFunction,
+    pub variant: &'static str,
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem: u32,
+}
+
+impl Launch<'_> {
+    /// Enqueues the kernel.
+    ///
+    /// # Safety
+    /// `params` must point to the kernel's arguments, in order and of the right types,
+    /// valid until the launch is enqueued; device buffers must be large enough.
+    pub unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), Error> {
+        stream.context().bind_to_thread().map_err(Error::driver)?;
+        cudarc::driver::result::launch_kernel(
+            self.function.cu_function(),
+            self.grid,
+            self.block,
+            self.smem,
+            stream.cu_stream(),
+            params,
+        )
+        .map_err(Error::driver)
+    }
+}
+
+/// Whether `KOPT_DISABLE` forces the reference. Read once, at the first launch of the
+/// process, so that it costs nothing on the hot path.
+pub fn disabled() -> bool {
+    static DISABLED: OnceLock<bool> = OnceLock::new();
+    *DISABLED.get_or_init(|| {
+        std::env::var("KOPT_DISABLE")
+            .map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"))
+            .unwrap_or(false)
+    })
+}
+
+impl Kernel {
+    #[doc(hidden)]
+    pub const fn new(def: KernelDef) -> Self {
+        Kernel {
+            def,
+            spec: OnceLock::new(),
+            slots: [const {
+                Slot {
+                    ctx: AtomicUsize::new(0),
+                    loaded: OnceLock::new(),
+                }
+            }; MAX_CONTEXTS],
+            init: Mutex::new(()),
+        }
+    }
+
+    /// The kernel's name (the launcher's name).
+    pub fn name(&self) -> &'static str {
+        self.def.name
+    }
+
+    /// The crate that declares it.
+    pub fn crate_name(&self) -> &'static str {
+        self.def.crate_name
+    }
+
+    /// The embedded definition: reference, usable variants, refused variants.
+    pub fn def(&self) -> &KernelDef {
+        &self.def
+    }
+
+    /// The spec, as the annotation declared it.
+    pub fn spec(&self) -> &KernelSpec {
+        self.spec.get_or_init(|| {
+            serde_json::from_str(self.def.spec_json).expect("the macro embeds a valid spec")
+        })
+    }
+
+    #[doc(hidden)]
+    pub fn check_len(&self, buffer: usize, actual: usize, args: &[i64]) -> Result<(), Error> {
+        let b = &self.def.buffers[buffer];
+        let need = expr::eval(b.len, args).map_err(|e| Error::Expr {
+            kernel: self.def.name,
+            what: "the length of",
+            item: b.name,
+            error: e,
+        })?;
+        if (actual as i128) < need as i128 {
+            return Err(Error::BufferTooShort {
+                kernel: self.def.name,
+                buffer: b.name,
+                expected: need,
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// Picks the function for this launch (compiling on first use in the stream's
+    /// context) and computes its geometry. Allocation-free and lock-free once the
+    /// context has been seen.
+    #[doc(hidden)]
+    pub fn prepare(&self, stream: &CudaStream, args: &[i64]) -> Result<Launch<'_>, Error> {
+        let loaded = self.loaded(stream)?;
+        let (def, function) = self.pick(loaded, args);
+        let dim = |p: &'static [Op], what: &'static str| -> Result<u32, Error> {
+            let v = expr::eval(p, args).map_err(|e| Error::Expr {
+                kernel: self.def.name,
+                what,
+                item: def.id,
+                error: e,
+            })?;
+            u32::try_from(v).map_err(|_| Error::Geometry {
+                kernel: self.def.name,
+                variant: def.id,
+                what,
+                value: v,
+            })
+        };
+        let grid = (
+            dim(def.grid[0], "grid.x of")?,
+            dim(def.grid[1], "grid.y of")?,
+            dim(def.grid[2], "grid.z of")?,
+        );
+        let block = (
+            dim(def.block[0], "block.x of")?,
+            dim(def.block[1], "block.y of")?,
+            dim(def.block[2], "block.z of")?,
+        );
+        for (what, v) in [("grid", grid), ("block", block)] {
+            if v.0 == 0 || v.1 == 0 || v.2 == 0 {
+                return Err(Error::Geometry {
+                    kernel: self.def.name,
+                    variant: def.id,
+                    what,
+                    value: 0,
+                });
+            }
+        }
+        Ok(Launch {
+            function,
+            variant: def.id,
+            grid,
+            block,
+            smem: dim(def.smem, "shared memory of")?,
+        })
+    }
+
+    fn pick<'a>(&'a self, loaded: &'a Loaded, args: &[i64]) -> (&'a VariantDef, &'a CudaFunction) {
+        if !disabled() {
+            for (def, f) in self.def.variants.iter().zip(&loaded.variants) {
+                let Some(f) = f else { continue };
+                if region_holds(def, args) {
+                    return (def, f);
+                }
+            }
+        }
+        (&self.def.reference, &loaded.reference)
+    }
+
+    fn loaded(&self, stream: &CudaStream) -> Result<&Loaded, Error> {
+        let key = stream.context().cu_ctx() as usize;
+        for slot in &self.slots {
+            if slot.ctx.load(Ordering::Acquire) == key {
+                if let Some(l) = slot.loaded.get() {
+                    return Ok(l);
+                }
+            }
+        }
+        self.load_slow(stream, key)
+    }
+
+    #[cold]
+    fn load_slow(&self, stream: &CudaStream, key: usize) -> Result<&Loaded, Error> {
+        let _guard = self.init.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in &self.slots {
+            if slot.ctx.load(Ordering::Acquire) == key {
+                if let Some(l) = slot.loaded.get() {
+                    return Ok(l);
+                }
+            }
+        }
+        let slot = self
+            .slots
+            .iter()
+            .find(|s| s.ctx.load(Ordering::Acquire) == 0 && s.loaded.get().is_none())
+            .ok_or(Error::TooManyContexts {
+                kernel: self.def.name,
+                max: MAX_CONTEXTS,
+            })?;
+        let loaded = self.compile_for(stream)?;
+        // Only the holder of `init` sets slots, so this cannot be taken already.
+        let _ = slot.loaded.set(loaded);
+        slot.ctx.store(key, Ordering::Release);
+        Ok(slot.loaded.get().expect("just set"))
+    }
+
+    fn compile_for(&self, stream: &CudaStream) -> Result<Loaded, Error> {
+        let ctx = stream.context();
+        let (major, minor) = ctx.compute_capability().map_err(Error::driver)?;
+        let arch = kopt_spec::files::arch_name(major as u32, minor as u32);
+        let reference = compile::load(ctx, self.def.name, &self.def.reference, (major, minor))?;
+        let mut variants = Vec::with_capacity(self.def.variants.len());
+        let mut failures = Vec::new();
+        for v in self.def.variants {
+            if v.arch != Some(arch.as_str()) || disabled() {
+                variants.push(None);
+                continue;
+            }
+            match compile::load(ctx, self.def.name, v, (major, minor)) {
+                Ok(f) => variants.push(Some(f)),
+                Err(e) => {
+                    // A variant that does not build here (another NVRTC, say) must not
+                    // take the kernel down: the reference covers its shapes.
+                    failures.push((v.id, e.to_string()));
+                    variants.push(None);
+                }
+            }
+        }
+        Ok(Loaded {
+            arch,
+            reference,
+            variants,
+            failures,
+        })
+    }
+
+    /// Which version would run on architecture `arch` (e.g. `sm_90`) for these scalar
+    /// arguments (in declaration order, as i64), and why. Needs no GPU.
+    pub fn explain_for(&self, arch: &str, args: &[i64]) -> Selection {
+        self.explain_inner(arch, args, &[])
+    }
+
+    /// Which version runs on this stream's device for these arguments, and why,
+    /// including variants that failed to compile there.
+    pub fn explain(&self, stream: &CudaStream, args: &[i64]) -> Result<Selection, Error> {
+        let loaded = self.loaded(stream)?;
+        Ok(self.explain_inner(&loaded.arch, args, &loaded.failures))
+    }
+
+    fn explain_inner(
+        &self,
+        arch: &str,
+        args: &[i64],
+        failures: &[(&'static str, String)],
+    ) -> Selection {
+        let reference = |reason| Selection {
+            kernel: self.def.name,
+            variant: "reference",
+            arch: arch.to_string(),
+            reason,
+        };
+        if disabled() {
+            return reference(Reason::Disabled);
+        }
+        let mut missed = Vec::new();
+        for def in self.def.variants.iter().filter(|v| v.arch == Some(arch)) {
+            if let Some((_, err)) = failures.iter().find(|(id, _)| *id == def.id) {
+                missed.push(format!(
+                    "`{}` did not compile here: {}",
+                    def.id,
+                    first_line(err)
+                ));
+                continue;
+            }
+            if region_holds(def, args) {
+                return Selection {
+                    kernel: self.def.name,
+                    variant: def.id,
+                    arch: arch.to_string(),
+                    reason: Reason::Accepted {
+                        region: def.region.as_ref().map(|r| r.text),
+                    },
+                };
+            }
+            if let Some(r) = &def.region {
+                missed.push(format!("`{}` claims only `{}`", def.id, r.text));
+            }
+        }
+        for u in self
+            .def
+            .unusable
+            .iter()
+            .filter(|u| u.arch == arch || u.arch == "*")
+        {
+            missed.push(if u.arch == "*" {
+                u.reason.to_string()
+            } else {
+                format!("`{}` is {}", u.variant, u.reason)
+            });
+        }
+        if missed.is_empty() {
+            reference(Reason::NoVariant)
+        } else {
+            reference(Reason::NotApplicable(missed))
+        }
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+fn region_holds(def: &VariantDef, args: &[i64]) -> bool {
+    match &def.region {
+        None => true,
+        // A region that cannot be evaluated (division by zero) does not hold.
+        Some(r) => matches!(expr::eval(r.program, args), Ok(v) if v != 0),
+    }
+}
+
+impl fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kernel")
+            .field("name", &self.def.name)
+            .field("crate", &self.def.crate_name)
+            .field(
+                "variants",
+                &self
+                    .def
+                    .variants
+                    .iter()
+                    .map(|v| (v.arch.unwrap_or("?"), v.id))
+                    .collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which version of a kernel runs, and why: for logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    pub kernel: &'static str,
+    /// `reference` or the variant's name.
+    pub variant: &'static str,
+    pub arch: String,
+    pub reason: Reason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// An accepted variant for this architecture whose region (if any) holds.
+    Accepted { region: Option<&'static str> },
+    /// `KOPT_DISABLE` is set.
+    Disabled,
+    /// No variant was accepted for this architecture.
+    NoVariant,
+    /// Variants exist but none applies: each entry says why (region, stale, corrupt,
+    /// failed to compile).
+    NotApplicable(Vec<String>),
+}
+
+impl Selection {
+    pub fn is_reference(&self) -> bool {
+        self.variant == "reference"
+    }
+}
+
+impl fmt::Display for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.reason {
+            Reason::Accepted { region: None } => write!(
+                f,
+                "{}: variant `{}` (accepted for {})",
+                self.kernel, self.variant, self.arch
+            ),
+            Reason::Accepted { region: Some(r) } => write!(
+                f,
+                "{}: variant `{}` (accepted for {} where `{r}`)",
+                self.kernel, self.variant, self.arch
+            ),
+            Reason::Disabled => write!(f, "{}: reference (KOPT_DISABLE is set)", self.kernel),
+            Reason::NoVariant => write!(
+                f,
+                "{}: reference (no accepted variant for {})",
+                self.kernel, self.arch
+            ),
+            Reason::NotApplicable(why) => write!(
+                f,
+                "{}: reference on {} ({})",
+                self.kernel,
+                self.arch,
+                why.join("; ")
+            ),
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! The committed files under `<crate>/kopt/<kernel>/`, written by `cargo kopt` and read by
+//! the macro at build time (the pattern of sqlx's offline mode).
+//!
+//! ```text
+//! <crate>/kopt/<kernel>/
+//!     kopt.lock                 which variant runs on which architecture, and the hashes
+//!                               it was verified against
+//!     <variant>/kernel.cu       the variant's full, self-contained source
+//!     <variant>/variant.toml    its entry point, launch rule, defines, compile options
+//!     <variant>/rationale.json  the audit record: diagnosis, changes, risks, evidence,
+//!                               figures per shape
+//!     <variant>/RATIONALE.md    the same facts, rendered for a reviewer
+//! ```
+//!
+//! Every format carries `format = 1`; fields are written in a fixed order, lists in a
+//! defined order, so that diffs show only what changed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{LaunchRule, Number};
+
+/// The version of every file format this crate reads and writes.
+pub const FORMAT: u32 = 1;
+
+pub const LOCK_FILE: &str = "kopt.lock";
+pub const SOURCE_FILE: &str = "kernel.cu";
+pub const VARIANT_FILE: &str = "variant.toml";
+pub const RATIONALE_JSON: &str = "rationale.json";
+pub const RATIONALE_MD: &str = "RATIONALE.md";
+
+/// `<crate>/kopt/<kernel>`.
+pub fn kernel_dir(crate_root: &Path, kernel: &str) -> PathBuf {
+    crate_root.join("kopt").join(kernel)
+}
+
+// ---------------------------------------------------------------------------------------
+// kopt.lock
+
+/// Who vouched for a lock entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifiedBy {
+    /// kopt's verification engine (numerics, anti-cheat, watchdog).
+    Kopt,
+    /// A person, with `cargo kopt pin`; kopt's own verification has not run on it.
+    Manual,
+}
+
+/// One accepted variant for one architecture. Within an architecture, entries are tried
+/// in file order: the first whose region holds for the launch's arguments runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockEntry {
+    /// `sm_90` for compute capability 9.0.
+    pub arch: String,
+    pub variant: String,
+    /// A condition over the scalar arguments; absent means every shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    pub verified_by: VerifiedBy,
+    /// Hash of the amalgamated reference source the variant was verified against.
+    pub reference_hash: String,
+    /// Hash of the kernel's spec (the annotation) at verification.
+    pub spec_hash: String,
+    /// Hash of the variant's `kernel.cu`.
+    pub source_hash: String,
+    /// Hash of the variant's `variant.toml`.
+    pub variant_hash: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockFile {
+    pub format: u32,
+    pub kernel: String,
+    #[serde(default)]
+    pub accepted: Vec<LockEntry>,
+}
+
+const LOCK_HEADER: &str = "\
+# kopt lock file: the accepted variant of this kernel for each GPU architecture, and the
+# hashes it was verified against. Written by `cargo kopt`; change it with
+# `cargo kopt review`, `accept`, `revert` or `pin`, not by hand. A hash that no longer
+# matches makes the build fall back to the reference kernel and `cargo kopt check` fail.
+";
+
+impl LockFile {
+    pub fn new(kernel: &str) -> Self {
+        LockFile {
+            format: FORMAT,
+            kernel: kernel.to_string(),
+            accepted: Vec::new(),
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        check_format(text)?;
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// Entries sorted by architecture; within one architecture, order is kept (it is the
+    /// order regions are tried in).
+    pub fn render(&self) -> String {
+        let mut sorted = self.clone();
+        sorted
+            .accepted
+            .sort_by(|a, b| arch_key(&a.arch).cmp(&arch_key(&b.arch)));
+        format!(
+            "{LOCK_HEADER}{}",
+            toml::to_string(&sorted).expect("lock serialises")
+        )
+    }
+
+    pub fn entries_for<'a>(&'a self, arch: &'a str) -> impl Iterator<Item = &'a LockEntry> + 'a {
+        self.accepted.iter().filter(move |e| e.arch == arch)
+    }
+}
+
+/// Sorts `sm_100` after `sm_90`.
+fn arch_key(arch: &str) -> (u32, String) {
+    (
+        parse_arch(arch)
+            .map(|(a, b)| a * 10 + b)
+            .unwrap_or(u32::MAX),
+        arch.to_string(),
+    )
+}
+
+/// `sm_90` -> (9, 0); `sm_120` -> (12, 0). The letter suffixes (`sm_90a`) are accepted.
+pub fn parse_arch(arch: &str) -> Option<(u32, u32)> {
+    let digits = arch.strip_prefix("sm_")?.trim_end_matches(['a', 'f']);
+    if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (maj, min) = digits.split_at(digits.len() - 1);
+    Some((maj.parse().ok()?, min.parse().ok()?))
+}
+
+/// The architecture name of a compute capability.
+pub fn arch_name(major: u32, minor: u32) -> String {
+    format!("sm_{major}{minor}")
+}
+
+fn check_format(text: &str) -> Result<(), String> {
+    #[derive(Deserialize)]
+    struct Probe {
+        format: Option<u32>,
+    }
+    let probe: Probe = toml::from_str(text).map_err(|e| e.to_string())?;
+    match probe.format {
+        Some(FORMAT) => Ok(()),
+        Some(v) => Err(format!(
+            "format {v} is not supported by this kopt (it reads format {FORMAT}); upgrade cargo-kopt and the kopt crate together"
+        )),
+        None => Err("no `format` field: not a kopt file".into()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// variant.toml
+
+/// What the build needs to compile and launch a variant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VariantFile {
+    pub format: u32,
+    pub kernel: String,
+    pub id: String,
+    pub entry: String,
+    /// Launch geometry: expressions of the scalar arguments and this variant's defines.
+    pub launch: LaunchRule,
+    /// Preprocessor defines (`-DNAME=VALUE`), in name order.
+    #[serde(default)]
+    pub defines: BTreeMap<String, i64>,
+    /// Further NVRTC options.
+    #[serde(default)]
+    pub options: Vec<String>,
+}
+
+const VARIANT_HEADER: &str = "\
+# kopt variant: how to build and launch this variant's kernel.cu. Its hash is in the
+# kernel's kopt.lock; editing it by hand makes the variant corrupt until re-accepted.
+";
+
+impl VariantFile {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        check_format(text)?;
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    pub fn render(&self) -> String {
+        format!(
+            "{VARIANT_HEADER}{}",
+            toml::to_string(self).expect("variant serialises")
+        )
+    }
+
+    /// Compile options: defines first, then the declared options.
+    pub fn compile_options(&self) -> Vec<String> {
+        crate::spec::define_options(&self.defines)
+            .chain(self.options.iter().cloned())
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// rationale.json and RATIONALE.md
+
+/// The audit record of a variant: why it exists and the evidence that it is right and
+/// faster. `RATIONALE.md` is rendered from it, so the two never disagree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rationale {
+    pub format: u32,
+    pub kernel: String,
+    pub variant: String,
+    pub arch: String,
+    /// One paragraph: what changed and what it bought.
+    pub summary: String,
+    pub diagnosis: Diagnosis,
+    pub changes: Vec<Change>,
+    pub risks: Vec<Risk>,
+    pub verification: Verification,
+    pub figures: Vec<ShapeFigures>,
+    pub provenance: Provenance,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Diagnosis {
+    /// The bottleneck class, e.g. `latency-bound`.
+    pub bottleneck: String,
+    pub explanation: String,
+    /// The measurements the diagnosis rests on.
+    pub evidence: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub what: String,
+    /// How this change addresses the diagnosis.
+    pub why: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Risk {
+    pub risk: String,
+    /// Which check covered it.
+    pub covered_by: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verification {
+    /// How the variant was checked, in a sentence.
+    pub method: String,
+    pub outputs: Vec<OutputCheck>,
+    pub seeds: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputCheck {
+    pub buffer: String,
+    pub rtol: f64,
+    pub atol: f64,
+    pub max_abs_error: f64,
+    pub max_rel_error: f64,
+}
+
+/// Verified figures for one shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShapeFigures {
+    pub shape: BTreeMap<String, Number>,
+    pub reference_us: f64,
+    pub variant_us: f64,
+    /// Effective bandwidth as a percentage of the measured copy bandwidth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_bandwidth_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registers: Option<u32>,
+    /// Theoretical occupancy, percent of the SM's warps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occupancy_pct: Option<f64>,
+}
+
+impl ShapeFigures {
+    pub fn speedup(&self) -> f64 {
+        self.reference_us / self.variant_us
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// Who or what proposed the variant: `person`, `heuristic`, `openai:<model>`...
+    pub agent: String,
+    pub device: String,
+    pub driver: String,
+    pub date: String,
+    /// The recorded session, relative to the workspace, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
+}
+
+impl Rationale {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let r: Rationale = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if r.format != FORMAT {
+            return Err(format!(
+                "format {} is not supported (this kopt reads {FORMAT})",
+                r.format
+            ));
+        }
+        Ok(r)
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self).expect("rationale serialises");
+        s.push('\n');
+        s
+    }
+
+    /// RATIONALE.md: written for a reviewer who was not there.
+    pub fn render_markdown(&self) -> String {
+        let mut md = String::new();
+        let _ = writeln!(
+            md,
+            "# `{}` / `{}` on {}\n",
+            self.kernel, self.variant, self.arch
+        );
+        let _ = writeln!(md, "{}\n", self.summary);
+        let _ = writeln!(md, "## Diagnosis: {}\n", self.diagnosis.bottleneck);
+        let _ = writeln!(md, "{}\n", self.diagnosis.explanation);
+        if !self.diagnosis.evidence.is_empty() {
+            let _ = writeln!(md, "Evidence:\n");
+            for e in &self.diagnosis.evidence {
+                let _ = writeln!(md, "- {e}");
+            }
+            md.push('\n');
+        }
+        let _ = writeln!(md, "## Changes\n");
+        for (i, c) in self.changes.iter().enumerate() {
+            let _ = writeln!(md, "{}. **{}**  \n   {}", i + 1, c.what, c.why);
+        }
+        md.push('\n');
+        let _ = writeln!(md, "## Risks and how they were covered\n");
+        let _ = writeln!(md, "| risk | covered by |\n| --- | --- |");
+        for r in &self.risks {
+            let _ = writeln!(md, "| {} | {} |", cell(&r.risk), cell(&r.covered_by));
+        }
+        md.push('\n');
+        let _ = writeln!(md, "## Figures per shape\n");
+        let _ = writeln!(
+            md,
+            "| shape | reference (µs) | variant (µs) | speedup | % copy bandwidth | registers | occupancy |"
+        );
+        let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for f in &self.figures {
+            let shape = f
+                .shape
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let _ = writeln!(
+                md,
+                "| {shape} | {:.2} | {:.2} | {:.2}x | {} | {} | {} |",
+                f.reference_us,
+                f.variant_us,
+                f.speedup(),
+                opt(f.copy_bandwidth_pct.map(|v| format!("{v:.1}%"))),
+                opt(f.registers.map(|v| v.to_string())),
+                opt(f.occupancy_pct.map(|v| format!("{v:.0}%"))),
+            );
+        }
+        md.push('\n');
+        let _ = writeln!(md, "## Verification\n");
+        let _ = writeln!(md, "{}\n", self.verification.method);
+        let _ = writeln!(
+            md,
+            "| output | rtol | atol | max abs error | max rel error |"
+        );
+        let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: |");
+        for o in &self.verification.outputs {
+            let _ = writeln!(
+                md,
+                "| `{}` | {:e} | {:e} | {:.3e} | {:.3e} |",
+                o.buffer, o.rtol, o.atol, o.max_abs_error, o.max_rel_error
+            );
+        }
+        let seeds = self
+            .verification
+            .seeds
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(md, "\nSeeds: {seeds}\n");
+        let _ = writeln!(md, "## Provenance\n");
+        let p = &self.provenance;
+        let _ = writeln!(md, "- proposed by: {}", p.agent);
+        let _ = writeln!(md, "- measured on: {} (driver {})", p.device, p.driver);
+        let _ = writeln!(md, "- date: {}", p.date);
+        if let Some(b) = &p.budget {
+            let _ = writeln!(md, "- budget used: {b}");
+        }
+        match &p.session {
+            Some(s) => {
+                let _ = writeln!(md, "- recorded session: [{s}]({s})");
+            }
+            None => {
+                let _ = writeln!(
+                    md,
+                    "- recorded session: none (not produced by the agent loop)"
+                );
+            }
+        }
+        md
+    }
+}
+
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+fn opt(s: Option<String>) -> String {
+    s.unwrap_or_else(|| "–".into())
+}
+
+// ---------------------------------------------------------------------------------------
+// Writing.
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same folder, synced, then
+/// renamed over the target. A crash leaves either the old file or the new one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.kopt-tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_names() {
+        assert_eq!(parse_arch("sm_90"), Some((9, 0)));
+        assert_eq!(parse_arch("sm_90a"), Some((9, 0)));
+        assert_eq!(parse_arch("sm_120"), Some((12, 0)));
+        assert_eq!(parse_arch("sm_9"), None);
+        assert_eq!(parse_arch("compute_90"), None);
+        assert_eq!(arch_name(8, 6), "sm_86");
+    }
+
+    #[test]
+    fn format_version_is_checked() {
+        let err = LockFile::parse("format = 7\nkernel = \"k\"\n").unwrap_err();
+        assert!(err.contains("format 7 is not supported"), "{err}");
+        let err = LockFile::parse("kernel = \"k\"\n").unwrap_err();
+        assert!(err.contains("not a kopt file"), "{err}");
+    }
+
+    #[test]
+    fn atomic_write_replaces_whole_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a/b.toml");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        let leftovers: Vec<_> = std::fs::read_dir(d.path().join("a")).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temporary file left behind");
+    }
+}

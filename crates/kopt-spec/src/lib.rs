@@ -1,0 +1,19 @@
+//! The one grammar and the on-disk formats of kopt, shared by the `#[kopt::kernel]` macro,
+//! the `kopt` runtime and `cargo kopt`.
+//!
+//! - [`spec`]: the annotation, parsed into a [`spec::KernelSpec`];
+//! - [`expr`]: the integer expression language of lengths, geometry and regions, and its
+//!   allocation-free evaluator;
+//! - [`source`]: include resolution (amalgamation) and hashing of kernel sources;
+//! - [`files`]: `kopt.lock`, `variant.toml`, `rationale.json`, `RATIONALE.md`;
+//! - [`store`]: which committed variants are usable, and why not;
+//! - [`codegen`]: the macro's expansion.
+
+pub mod codegen;
+pub mod expr;
+pub mod files;
+pub mod source;
+pub mod spec;
+pub mod store;
+
+pub use spec::KernelSpec;

@@ -1,0 +1,1783 @@
+//! [`KernelSpec`]: everything kopt needs to compile, launch, verify and measure a kernel,
+//! parsed from a `#[kopt::kernel(...)]` attribute and the launcher's signature.
+//!
+//! The macro and `cargo kopt` both call [`parse_kernel`]; there is no second parser.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use proc_macro2::{Span, TokenStream};
+use serde::{Deserialize, Serialize};
+use syn::parse::{Parse, ParseStream, Parser};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{braced, bracketed, parenthesized, Ident, LitStr, Token};
+
+use crate::expr::{self, Expr, Ty, VarKind};
+
+/// The element type of a device buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F64,
+    F32,
+    F16,
+    Bf16,
+    I64,
+    I32,
+    I16,
+    I8,
+    U64,
+    U32,
+    U16,
+    U8,
+}
+
+impl DType {
+    pub const ALL: &'static [DType] = &[
+        DType::F64,
+        DType::F32,
+        DType::F16,
+        DType::Bf16,
+        DType::I64,
+        DType::I32,
+        DType::I16,
+        DType::I8,
+        DType::U64,
+        DType::U32,
+        DType::U16,
+        DType::U8,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F64 => "f64",
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+            DType::I16 => "i16",
+            DType::I8 => "i8",
+            DType::U64 => "u64",
+            DType::U32 => "u32",
+            DType::U16 => "u16",
+            DType::U8 => "u8",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<DType> {
+        Self::ALL.iter().copied().find(|d| d.name() == s)
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::Bf16 | DType::I16 | DType::U16 => 2,
+            DType::I8 | DType::U8 => 1,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::Bf16)
+    }
+
+    /// The default tolerance for outputs of this type (DESIGN.md §4).
+    pub fn default_tolerance(self) -> Tolerance {
+        match self {
+            DType::F64 => Tolerance {
+                rtol: 1e-9,
+                atol: 1e-12,
+            },
+            DType::F32 => Tolerance {
+                rtol: 1e-4,
+                atol: 1e-5,
+            },
+            DType::F16 | DType::Bf16 => Tolerance {
+                rtol: 1e-2,
+                atol: 1e-2,
+            },
+            _ => Tolerance {
+                rtol: 0.0,
+                atol: 0.0,
+            },
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The type of a scalar argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScalarTy {
+    I32,
+    U32,
+    I64,
+    U64,
+    Usize,
+    F32,
+    F64,
+}
+
+impl ScalarTy {
+    const ALL: &'static [(&'static str, ScalarTy)] = &[
+        ("i32", ScalarTy::I32),
+        ("u32", ScalarTy::U32),
+        ("i64", ScalarTy::I64),
+        ("u64", ScalarTy::U64),
+        ("usize", ScalarTy::Usize),
+        ("f32", ScalarTy::F32),
+        ("f64", ScalarTy::F64),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(_, t)| *t == self).unwrap().0
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, ScalarTy::F32 | ScalarTy::F64)
+    }
+}
+
+/// How a buffer is used by the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    In,
+    Out,
+    InOut,
+}
+
+/// How verification fills an input buffer. Bounds are expressions of the scalars.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum Distribution {
+    /// Normal with the given mean and standard deviation (floats; the default N(0, 1)).
+    Normal { mean: f64, std: f64 },
+    /// Uniform over `[lo, hi)` (floats).
+    Uniform { lo: f64, hi: f64 },
+    /// Integers uniform over `[lo, hi)`: indices into other buffers, such as a paged KV
+    /// cache's block table.
+    Range { lo: Expr, hi: Expr },
+}
+
+/// Combined tolerance: an element passes when `|a - b| <= atol + rtol * |b|`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    pub name: String,
+    pub dtype: DType,
+    /// Number of elements, an expression of the integer scalars.
+    pub len: Expr,
+    pub direction: Direction,
+    /// Present for inputs (`in` and `inout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<Distribution>,
+    /// Present for outputs when the spec overrides the dtype default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
+}
+
+impl Buffer {
+    /// The tolerance verification applies to this output.
+    pub fn effective_tolerance(&self, spec: &KernelSpec) -> Tolerance {
+        self.tolerance
+            .or(spec.tolerance)
+            .unwrap_or_else(|| self.dtype.default_tolerance())
+    }
+
+    pub fn is_output(&self) -> bool {
+        self.direction != Direction::In
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Scalar {
+    pub name: String,
+    pub ty: ScalarTy,
+}
+
+/// One kernel argument, in launch order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "param")]
+pub enum Param {
+    Buffer(Buffer),
+    Scalar(Scalar),
+}
+
+impl Param {
+    pub fn name(&self) -> &str {
+        match self {
+            Param::Buffer(b) => &b.name,
+            Param::Scalar(s) => &s.name,
+        }
+    }
+}
+
+/// A scalar's value in a shape: integers for sizes, floats for things like `eps`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Number {
+    Int(i64),
+    Float(f64),
+}
+
+impl Number {
+    pub fn as_i64(self) -> Option<i64> {
+        match self {
+            Number::Int(i) => Some(i),
+            Number::Float(_) => None,
+        }
+    }
+
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Number::Int(i) => i as f64,
+            Number::Float(f) => f,
+        }
+    }
+}
+
+impl fmt::Display for Number {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Number::Int(i) => write!(f, "{i}"),
+            Number::Float(x) => write!(f, "{x:?}"),
+        }
+    }
+}
+
+/// A real problem shape: a value for every scalar argument.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shape {
+    /// Values in scalar-argument order (defaults filled in).
+    pub values: BTreeMap<String, Number>,
+    /// Relative importance in summaries (default 1).
+    pub weight: f64,
+}
+
+/// A preprocessor define the search may vary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tunable {
+    pub name: String,
+    pub values: Vec<i64>,
+    /// The value the reference kernel is built and launched with.
+    pub default: i64,
+}
+
+/// Launch geometry: expressions of the integer scalars and tunables.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchRule {
+    pub grid: [Expr; 3],
+    pub block: [Expr; 3],
+    pub smem: Expr,
+}
+
+/// The whole annotation, normalised. Serialised (JSON) it is what the spec hash covers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelSpec {
+    /// The launcher's name: the kernel's name in kopt's files and commands.
+    pub name: String,
+    /// Path of the CUDA C++ source, relative to the crate root.
+    pub reference: String,
+    /// The `extern "C" __global__` entry point.
+    pub entry: String,
+    pub params: Vec<Param>,
+    pub launch: LaunchRule,
+    pub shapes: Vec<Shape>,
+    /// Ideal bytes moved (each input read once, each output written once).
+    pub bytes: Expr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flops: Option<Expr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tunables: Vec<Tunable>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub constraints: Vec<Expr>,
+    /// NVRTC options of the reference build.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+    /// Folders (relative to the crate root) searched for `#include "..."`; the reference's
+    /// own folder is always searched first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+}
+
+impl KernelSpec {
+    pub fn buffers(&self) -> impl Iterator<Item = &Buffer> {
+        self.params.iter().filter_map(|p| match p {
+            Param::Buffer(b) => Some(b),
+            _ => None,
+        })
+    }
+
+    pub fn scalars(&self) -> impl Iterator<Item = &Scalar> {
+        self.params.iter().filter_map(|p| match p {
+            Param::Scalar(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    /// Names bound in expressions, in slot order: every scalar argument (floats included,
+    /// so indices match the argument order), then the tunables.
+    pub fn scalar_names(&self) -> Vec<&str> {
+        self.scalars().map(|s| s.name.as_str()).collect()
+    }
+
+    /// The reference build's defines: each tunable at its default.
+    pub fn default_defines(&self) -> BTreeMap<String, i64> {
+        self.tunables
+            .iter()
+            .map(|t| (t.name.clone(), t.default))
+            .collect()
+    }
+
+    /// The reference's compile options: defines first, then the declared options.
+    pub fn reference_options(&self) -> Vec<String> {
+        define_options(&self.default_defines())
+            .chain(self.options.iter().cloned())
+            .collect()
+    }
+
+    /// Compiles an expression of this spec with the given define values substituted.
+    /// Scalars map to their argument index.
+    pub fn compile_expr(
+        &self,
+        e: &Expr,
+        defines: &BTreeMap<String, i64>,
+    ) -> Result<Vec<expr::Op>, String> {
+        let scalars = self.scalar_names();
+        e.compile(&|n| {
+            if let Some(i) = scalars.iter().position(|s| *s == n) {
+                Some(expr::Slot::Index(i as u16))
+            } else {
+                defines.get(n).map(|v| expr::Slot::Const(*v))
+            }
+        })
+    }
+
+    /// Integer values of a shape, in scalar order (floats as 0: expressions never read them).
+    pub fn shape_args(&self, shape: &Shape) -> Vec<i64> {
+        self.scalars()
+            .map(|s| {
+                shape
+                    .values
+                    .get(&s.name)
+                    .and_then(|v| v.as_i64())
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    /// What an identifier names in this spec's expressions (scalars, then tunables).
+    pub fn var_kind(&self, name: &str) -> Option<VarKind> {
+        self.var_kind_with(name, &[])
+    }
+
+    /// Like [`Self::var_kind`], with extra integer names (a variant's own defines).
+    pub fn var_kind_with(&self, name: &str, extra: &[&str]) -> Option<VarKind> {
+        if let Some(s) = self.scalars().find(|s| s.name == name) {
+            return Some(if s.ty.is_float() {
+                VarKind::Float
+            } else {
+                VarKind::Int
+            });
+        }
+        if self.tunables.iter().any(|t| t.name == name) || extra.contains(&name) {
+            return Some(VarKind::Int);
+        }
+        None
+    }
+
+    /// Integer names usable in expressions, for error hints.
+    pub fn int_names(&self) -> Vec<String> {
+        self.scalars()
+            .filter(|s| !s.ty.is_float())
+            .map(|s| s.name.clone())
+            .chain(self.tunables.iter().map(|t| t.name.clone()))
+            .collect()
+    }
+
+    /// Parses a shape-region predicate (as written in a lock file) against this spec:
+    /// only scalar arguments may appear.
+    pub fn parse_region(&self, text: &str) -> Result<Expr, String> {
+        let names: Vec<String> = self
+            .scalars()
+            .filter(|s| !s.ty.is_float())
+            .map(|s| s.name.clone())
+            .collect();
+        let vars = |n: &str| {
+            self.scalars().find(|s| s.name == n).map(|s| {
+                if s.ty.is_float() {
+                    VarKind::Float
+                } else {
+                    VarKind::Int
+                }
+            })
+        };
+        expr::parse_str(text, Ty::Bool, &vars, &names)
+    }
+
+    /// Canonical JSON: the input of the spec hash.
+    pub fn canonical_json(&self) -> String {
+        serde_json::to_string(self).expect("a spec always serialises")
+    }
+}
+
+/// `-DNAME=VALUE` options for a set of defines, in name order.
+pub fn define_options(defines: &BTreeMap<String, i64>) -> impl Iterator<Item = String> + '_ {
+    defines.iter().map(|(k, v)| format!("-D{k}={v}"))
+}
+
+// =======================================================================================
+// Parsing.
+
+/// The parts of the annotated function the generated code needs, beside the spec.
+#[derive(Debug, Clone)]
+pub struct Launcher {
+    pub vis: syn::Visibility,
+    pub attrs: Vec<syn::Attribute>,
+    pub ident: Ident,
+    /// The stream parameter's name.
+    pub stream: Ident,
+    /// Every parameter after the stream, with its type as written.
+    pub params: Vec<(Ident, syn::Type)>,
+    /// Where `reference = "..."` was written (errors about the file point there).
+    pub reference_span: Span,
+    /// Where `entry = "..."` was written, or the function's name.
+    pub entry_span: Span,
+}
+
+/// Parses `#[kopt::kernel(<args>)]` on `item`. Errors carry the span of the offending token.
+pub fn parse_kernel(args: TokenStream, item: &syn::ItemFn) -> syn::Result<(KernelSpec, Launcher)> {
+    let opts = Punctuated::<Opt, Token![,]>::parse_terminated.parse2(args)?;
+    let launcher = parse_signature(item)?;
+    build_spec(opts.into_iter().collect(), &launcher, item)
+}
+
+/// The annotated item may be written without a body (`fn f(...);`), which is not a valid
+/// `syn::ItemFn`; this parses both forms.
+pub fn parse_item(item: TokenStream) -> syn::Result<syn::ItemFn> {
+    if let Ok(f) = syn::parse2::<syn::ItemFn>(item.clone()) {
+        return Ok(f);
+    }
+    let f: syn::ForeignItemFn = syn::parse2(item)?;
+    Ok(syn::ItemFn {
+        attrs: f.attrs,
+        vis: f.vis,
+        sig: f.sig,
+        block: Box::new(syn::parse_quote!({})),
+    })
+}
+
+enum Opt {
+    /// `key = value`
+    Key(Ident, TokenStream),
+    /// `buffer: [len] modifiers...`
+    Buffer(BufferDecl),
+}
+
+struct BufferDecl {
+    name: Ident,
+    len: syn::Expr,
+    direction: Option<(Direction, Span)>,
+    distribution: Option<(DistDecl, Span)>,
+    tolerance: Option<(Tolerance, Span)>,
+}
+
+enum DistDecl {
+    Normal(f64, f64),
+    Uniform(f64, f64),
+    Range(syn::Expr, syn::Expr),
+}
+
+impl Parse for Opt {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let name: Ident = input.call(syn::ext::IdentExt::parse_any)?;
+        if input.peek(Token![=]) {
+            input.parse::<Token![=]>()?;
+            // The value runs to the next top-level comma.
+            let mut value = TokenStream::new();
+            while !input.is_empty() && !input.peek(Token![,]) {
+                let tt: proc_macro2::TokenTree = input.parse()?;
+                value.extend([tt]);
+            }
+            if value.is_empty() {
+                return Err(syn::Error::new(
+                    name.span(),
+                    format!("`{name} =` needs a value"),
+                ));
+            }
+            return Ok(Opt::Key(name, value));
+        }
+        if input.peek(Token![:]) {
+            input.parse::<Token![:]>()?;
+            let content;
+            let bracket = bracketed!(content in input);
+            if content.is_empty() {
+                return Err(syn::Error::new(
+                    bracket.span.join(),
+                    format!("`{name}: []` needs a length, e.g. `{name}: [rows * cols]`"),
+                ));
+            }
+            let len: syn::Expr = content.parse()?;
+            let mut decl = BufferDecl {
+                name,
+                len,
+                direction: None,
+                distribution: None,
+                tolerance: None,
+            };
+            while !input.is_empty() && !input.peek(Token![,]) {
+                parse_buffer_modifier(input, &mut decl)?;
+            }
+            return Ok(Opt::Buffer(decl));
+        }
+        Err(syn::Error::new(
+            name.span(),
+            format!(
+                "expected `{name} = ...` (an option) or `{name}: [length]` (a buffer argument)"
+            ),
+        ))
+    }
+}
+
+fn parse_buffer_modifier(input: ParseStream, d: &mut BufferDecl) -> syn::Result<()> {
+    if input.peek(Token![in]) {
+        let t: Token![in] = input.parse()?;
+        return set_once(&mut d.direction, (Direction::In, t.span), "direction");
+    }
+    let word: Ident = input.call(syn::ext::IdentExt::parse_any).map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            "expected a buffer modifier: in, out, inout, normal(..), uniform(..), range(..) or tol(..)",
+        )
+    })?;
+    let span = word.span();
+    match word.to_string().as_str() {
+        "out" => set_once(&mut d.direction, (Direction::Out, span), "direction"),
+        "inout" => set_once(&mut d.direction, (Direction::InOut, span), "direction"),
+        "normal" => {
+            let (mean, std) = if input.peek(syn::token::Paren) {
+                let c;
+                parenthesized!(c in input);
+                let m = parse_f64(&c)?;
+                c.parse::<Token![,]>()?;
+                let s = parse_f64(&c)?;
+                (m, s)
+            } else {
+                (0.0, 1.0)
+            };
+            set_once(&mut d.distribution, (DistDecl::Normal(mean, std), span), "distribution")
+        }
+        "uniform" => {
+            let c;
+            parenthesized!(c in input);
+            let lo = parse_f64(&c)?;
+            c.parse::<Token![..]>()?;
+            let hi = parse_f64(&c)?;
+            if lo >= hi {
+                return Err(syn::Error::new(span, "uniform(lo..hi) needs lo < hi"));
+            }
+            set_once(&mut d.distribution, (DistDecl::Uniform(lo, hi), span), "distribution")
+        }
+        "range" => {
+            let c;
+            parenthesized!(c in input);
+            let r: syn::ExprRange = c.parse().map_err(|e| {
+                syn::Error::new(e.span(), "expected `range(lo..hi)` (half-open, expressions of the scalars)")
+            })?;
+            let (Some(lo), Some(hi)) = (r.start, r.end) else {
+                return Err(syn::Error::new(span, "range(lo..hi) needs both bounds"));
+            };
+            if matches!(r.limits, syn::RangeLimits::Closed(_)) {
+                return Err(syn::Error::new(span, "write a half-open range `lo..hi`"));
+            }
+            set_once(&mut d.distribution, (DistDecl::Range(*lo, *hi), span), "distribution")
+        }
+        "tol" => {
+            let c;
+            parenthesized!(c in input);
+            let t = parse_tolerance_fields(&c, span)?;
+            set_once(&mut d.tolerance, (t, span), "tolerance")
+        }
+        other => Err(syn::Error::new(
+            span,
+            format!(
+                "unknown buffer modifier `{other}`; expected in, out, inout, normal(mean, std), uniform(lo..hi), range(lo..hi) or tol(rtol = .., atol = ..)"
+            ),
+        )),
+    }
+}
+
+fn set_once<T>(slot: &mut Option<(T, Span)>, v: (T, Span), what: &str) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new(v.1, format!("the {what} is given twice")));
+    }
+    *slot = Some(v);
+    Ok(())
+}
+
+fn parse_f64(input: ParseStream) -> syn::Result<f64> {
+    let neg = input.peek(Token![-]);
+    if neg {
+        input.parse::<Token![-]>()?;
+    }
+    let v = if input.peek(syn::LitFloat) {
+        input.parse::<syn::LitFloat>()?.base10_parse::<f64>()?
+    } else if input.peek(syn::LitInt) {
+        input.parse::<syn::LitInt>()?.base10_parse::<f64>()?
+    } else {
+        return Err(input.error("expected a number"));
+    };
+    Ok(if neg { -v } else { v })
+}
+
+fn parse_number(input: ParseStream) -> syn::Result<Number> {
+    let neg = input.peek(Token![-]);
+    if neg {
+        input.parse::<Token![-]>()?;
+    }
+    let sign = if neg { -1 } else { 1 };
+    if input.peek(syn::LitFloat) {
+        let v = input.parse::<syn::LitFloat>()?.base10_parse::<f64>()?;
+        Ok(Number::Float(sign as f64 * v))
+    } else if input.peek(syn::LitInt) {
+        let v = input.parse::<syn::LitInt>()?.base10_parse::<i64>()?;
+        Ok(Number::Int(sign * v))
+    } else {
+        Err(input.error("expected a number"))
+    }
+}
+
+fn parse_tolerance_fields(c: ParseStream, span: Span) -> syn::Result<Tolerance> {
+    let mut rtol = None;
+    let mut atol = None;
+    while !c.is_empty() {
+        let k: Ident = c.parse()?;
+        if !(c.peek(Token![=]) || c.peek(Token![:])) {
+            return Err(c.error("expected `=` or `:`"));
+        }
+        if c.peek(Token![=]) {
+            c.parse::<Token![=]>()?;
+        } else {
+            c.parse::<Token![:]>()?;
+        }
+        let v = parse_f64(c)?;
+        if v < 0.0 {
+            return Err(syn::Error::new(k.span(), "a tolerance cannot be negative"));
+        }
+        match k.to_string().as_str() {
+            "rtol" => rtol = Some(v),
+            "atol" => atol = Some(v),
+            other => {
+                return Err(syn::Error::new(
+                    k.span(),
+                    format!("unknown tolerance field `{other}`; expected `rtol` and/or `atol`"),
+                ))
+            }
+        }
+        if !c.is_empty() {
+            c.parse::<Token![,]>()?;
+        }
+    }
+    if rtol.is_none() && atol.is_none() {
+        return Err(syn::Error::new(span, "give `rtol`, `atol` or both"));
+    }
+    Ok(Tolerance {
+        rtol: rtol.unwrap_or(0.0),
+        atol: atol.unwrap_or(0.0),
+    })
+}
+
+const KEYS: &[&str] = &[
+    "reference",
+    "entry",
+    "grid",
+    "block",
+    "smem",
+    "shapes",
+    "defaults",
+    "bytes",
+    "flops",
+    "tolerance",
+    "tunables",
+    "constraints",
+    "options",
+    "include",
+];
+
+fn parse_signature(item: &syn::ItemFn) -> syn::Result<Launcher> {
+    let sig = &item.sig;
+    if let Some(a) = &sig.asyncness {
+        return Err(syn::Error::new(a.span(), "a kopt launcher cannot be async"));
+    }
+    if !sig.generics.params.is_empty() {
+        return Err(syn::Error::new(
+            sig.generics.span(),
+            "a kopt launcher cannot be generic; write one launcher per dtype (entry = \"name_f16\")",
+        ));
+    }
+    if !item.block.stmts.is_empty() {
+        return Err(syn::Error::new(
+            item.block.span(),
+            "kopt generates the launcher's body: leave it empty (`{}`) or end the signature with `;`",
+        ));
+    }
+    match &sig.output {
+        syn::ReturnType::Default => {}
+        syn::ReturnType::Type(_, ty) => {
+            let ok = matches!(&**ty, syn::Type::Path(p)
+                if p.path.segments.last().is_some_and(|s| s.ident == "Result"));
+            if !ok {
+                return Err(syn::Error::new(
+                    ty.span(),
+                    "a kopt launcher returns `Result<(), kopt::Error>`; leave the return type out and kopt adds it",
+                ));
+            }
+        }
+    }
+    let mut inputs = sig.inputs.iter();
+    let first = inputs.next().ok_or_else(|| {
+        syn::Error::new(
+            sig.paren_token.span.join(),
+            "the first parameter must be the stream: `stream: &CudaStream`",
+        )
+    })?;
+    let (stream, stream_ty) = typed_param(first)?;
+    if !is_stream_type(stream_ty) {
+        return Err(syn::Error::new(
+            stream_ty.span(),
+            "the first parameter must be the stream: `&CudaStream` (or `&Arc<CudaStream>`)",
+        ));
+    }
+    let mut params = Vec::new();
+    for p in inputs {
+        let (ident, ty) = typed_param(p)?;
+        params.push((ident, ty.clone()));
+    }
+    Ok(Launcher {
+        vis: item.vis.clone(),
+        attrs: item.attrs.clone(),
+        ident: sig.ident.clone(),
+        stream,
+        params,
+        reference_span: sig.ident.span(),
+        entry_span: sig.ident.span(),
+    })
+}
+
+fn typed_param(p: &syn::FnArg) -> syn::Result<(Ident, &syn::Type)> {
+    match p {
+        syn::FnArg::Receiver(r) => Err(syn::Error::new(
+            r.span(),
+            "a kopt launcher is a free function, not a method",
+        )),
+        syn::FnArg::Typed(t) => match &*t.pat {
+            syn::Pat::Ident(i) if i.by_ref.is_none() && i.subpat.is_none() => {
+                Ok((i.ident.clone(), &t.ty))
+            }
+            other => Err(syn::Error::new(
+                other.span(),
+                "parameters of a kopt launcher must be plain names",
+            )),
+        },
+    }
+}
+
+fn last_segment(ty: &syn::Type) -> Option<&syn::PathSegment> {
+    match ty {
+        syn::Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
+        syn::Type::Group(g) => last_segment(&g.elem),
+        syn::Type::Paren(p) => last_segment(&p.elem),
+        _ => None,
+    }
+}
+
+fn single_type_arg(seg: &syn::PathSegment) -> Option<&syn::Type> {
+    match &seg.arguments {
+        syn::PathArguments::AngleBracketed(a) => a
+            .args
+            .iter()
+            .filter_map(|g| match g {
+                syn::GenericArgument::Type(t) => Some(t),
+                _ => None,
+            })
+            .last(),
+        _ => None,
+    }
+}
+
+fn is_stream_type(ty: &syn::Type) -> bool {
+    let syn::Type::Reference(r) = ty else {
+        return false;
+    };
+    if r.mutability.is_some() {
+        return false;
+    }
+    let Some(seg) = last_segment(&r.elem) else {
+        return false;
+    };
+    if seg.ident == "CudaStream" {
+        return true;
+    }
+    seg.ident == "Arc"
+        && single_type_arg(seg)
+            .and_then(last_segment)
+            .is_some_and(|s| s.ident == "CudaStream")
+}
+
+enum ParamKind {
+    Buffer { dtype: DType, mutable: bool },
+    Scalar(ScalarTy),
+}
+
+fn classify_param(name: &Ident, ty: &syn::Type) -> syn::Result<ParamKind> {
+    if let syn::Type::Reference(r) = ty {
+        let seg = last_segment(&r.elem).filter(|s| {
+            matches!(
+                s.ident.to_string().as_str(),
+                "CudaSlice" | "CudaView" | "CudaViewMut"
+            )
+        });
+        let Some(seg) = seg else {
+            return Err(syn::Error::new(
+                ty.span(),
+                format!("`{name}`: a buffer parameter is `&CudaSlice<T>` (input) or `&mut CudaSlice<T>` (output); views (`&CudaView<T>`, `&mut CudaViewMut<T>`) work too"),
+            ));
+        };
+        let mutable = r.mutability.is_some();
+        if seg.ident == "CudaViewMut" && !mutable {
+            return Err(syn::Error::new(
+                ty.span(),
+                "a `CudaViewMut` is passed as `&mut`",
+            ));
+        }
+        let elem = single_type_arg(seg)
+            .and_then(last_segment)
+            .map(|s| s.ident.to_string());
+        let Some(elem) = elem else {
+            return Err(syn::Error::new(
+                seg.span(),
+                "expected an element type, e.g. `CudaSlice<f32>`",
+            ));
+        };
+        let Some(dtype) = DType::from_name(&elem) else {
+            return Err(syn::Error::new(
+                single_type_arg(seg).unwrap().span(),
+                format!(
+                    "unsupported element type `{elem}`; supported: {}",
+                    DType::ALL
+                        .iter()
+                        .map(|d| d.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        };
+        return Ok(ParamKind::Buffer { dtype, mutable });
+    }
+    let scalar = last_segment(ty)
+        .filter(|s| s.arguments.is_empty())
+        .and_then(|s| {
+            ScalarTy::ALL
+                .iter()
+                .find(|(n, _)| s.ident == n)
+                .map(|(_, t)| *t)
+        });
+    match scalar {
+        Some(t) => Ok(ParamKind::Scalar(t)),
+        None => Err(syn::Error::new(
+            ty.span(),
+            format!("`{name}`: unsupported parameter type; a kernel argument is a device buffer (`&CudaSlice<T>`) or a scalar (i32, u32, i64, u64, usize, f32, f64)"),
+        )),
+    }
+}
+
+fn build_spec(
+    opts: Vec<Opt>,
+    launcher: &Launcher,
+    item: &syn::ItemFn,
+) -> syn::Result<(KernelSpec, Launcher)> {
+    let mut keys: BTreeMap<String, (Ident, TokenStream)> = BTreeMap::new();
+    let mut decls: Vec<BufferDecl> = Vec::new();
+    for opt in opts {
+        match opt {
+            Opt::Key(k, v) => {
+                let name = k.to_string();
+                if !KEYS.contains(&name.as_str()) {
+                    let known: Vec<String> = KEYS.iter().map(|s| s.to_string()).collect();
+                    let hint = expr::closest(&name, &known)
+                        .map(|c| format!("; did you mean `{c}`?"))
+                        .unwrap_or_else(|| format!("; expected one of: {}", KEYS.join(", ")));
+                    return Err(syn::Error::new(
+                        k.span(),
+                        format!("unknown option `{name}`{hint}"),
+                    ));
+                }
+                if keys.contains_key(&name) {
+                    return Err(syn::Error::new(
+                        k.span(),
+                        format!("`{name}` is given twice"),
+                    ));
+                }
+                keys.insert(name, (k, v));
+            }
+            Opt::Buffer(d) => {
+                if let Some(prev) = decls.iter().find(|p| p.name == d.name) {
+                    let _ = prev;
+                    return Err(syn::Error::new(
+                        d.name.span(),
+                        format!("buffer `{}` is declared twice", d.name),
+                    ));
+                }
+                decls.push(d);
+            }
+        }
+    }
+    let call_site = item.sig.ident.span();
+    let mut launcher = launcher.clone();
+
+    // --- reference and entry
+    let reference = match keys.get("reference") {
+        Some((_, v)) => {
+            let lit: LitStr = syn::parse2(v.clone())?;
+            let path = lit.value();
+            check_relative_path(&path, lit.span())?;
+            launcher.reference_span = lit.span();
+            path
+        }
+        None => {
+            return Err(syn::Error::new(
+                call_site,
+                "#[kopt::kernel] needs `reference = \"kernels/<file>.cu\"`: the CUDA source, relative to the crate root",
+            ))
+        }
+    };
+    let entry = match keys.get("entry") {
+        Some((_, v)) => {
+            let lit: LitStr = syn::parse2(v.clone())?;
+            let e = lit.value();
+            launcher.entry_span = lit.span();
+            if e.is_empty() || !e.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    "an entry point is a C identifier",
+                ));
+            }
+            e
+        }
+        None => launcher.ident.to_string(),
+    };
+
+    // --- tunables first: expressions may name them
+    let mut tunables = Vec::new();
+    if let Some((_, v)) = keys.get("tunables") {
+        tunables = parse_tunables(v.clone())?;
+    }
+
+    // --- params, from the signature, with the buffer declarations
+    let mut params = Vec::new();
+    let mut scalar_names = Vec::new();
+    let mut kinds = Vec::new();
+    for (ident, ty) in &launcher.params {
+        let kind = classify_param(ident, ty)?;
+        if let ParamKind::Scalar(t) = kind {
+            scalar_names.push((ident.to_string(), t));
+        }
+        kinds.push((ident.clone(), kind));
+    }
+    for t in &tunables {
+        if scalar_names.iter().any(|(n, _)| *n == t.0.name) {
+            return Err(syn::Error::new(
+                t.1,
+                format!("tunable `{}` has the name of a scalar argument", t.0.name),
+            ));
+        }
+    }
+    let tunables: Vec<Tunable> = tunables.into_iter().map(|(t, _)| t).collect();
+    let var_kind = |n: &str| -> Option<VarKind> {
+        if let Some((_, t)) = scalar_names.iter().find(|(s, _)| s == n) {
+            return Some(if t.is_float() {
+                VarKind::Float
+            } else {
+                VarKind::Int
+            });
+        }
+        tunables.iter().any(|t| t.name == n).then_some(VarKind::Int)
+    };
+    let int_names: Vec<String> = scalar_names
+        .iter()
+        .filter(|(_, t)| !t.is_float())
+        .map(|(n, _)| n.clone())
+        .chain(tunables.iter().map(|t| t.name.clone()))
+        .collect();
+    let scalar_only = |n: &str| -> Option<VarKind> {
+        scalar_names.iter().find(|(s, _)| s == n).map(|(_, t)| {
+            if t.is_float() {
+                VarKind::Float
+            } else {
+                VarKind::Int
+            }
+        })
+    };
+    let scalar_int_names: Vec<String> = scalar_names
+        .iter()
+        .filter(|(_, t)| !t.is_float())
+        .map(|(n, _)| n.clone())
+        .collect();
+
+    for d in &decls {
+        match kinds.iter().find(|(i, _)| *i == d.name) {
+            None => {
+                let names: Vec<String> = kinds
+                    .iter()
+                    .filter(|(_, k)| matches!(k, ParamKind::Buffer { .. }))
+                    .map(|(i, _)| i.to_string())
+                    .collect();
+                let hint = expr::closest(&d.name.to_string(), &names)
+                    .map(|c| format!("; did you mean `{c}`?"))
+                    .unwrap_or_default();
+                return Err(syn::Error::new(
+                    d.name.span(),
+                    format!(
+                        "`{}` is not a parameter of `{}`{hint}",
+                        d.name, launcher.ident
+                    ),
+                ));
+            }
+            Some((_, ParamKind::Scalar(_))) => {
+                return Err(syn::Error::new(
+                    d.name.span(),
+                    format!(
+                        "`{}` is a scalar parameter; only device buffers take a length",
+                        d.name
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+
+    for (ident, kind) in kinds {
+        match kind {
+            ParamKind::Scalar(ty) => params.push(Param::Scalar(Scalar {
+                name: ident.to_string(),
+                ty,
+            })),
+            ParamKind::Buffer { dtype, mutable } => {
+                let Some(d) = decls.iter().find(|d| d.name == ident) else {
+                    return Err(syn::Error::new(
+                        ident.span(),
+                        format!("buffer `{ident}` needs a length: add `{ident}: [<elements>]` to #[kopt::kernel(...)], e.g. `{ident}: [rows * cols]`"),
+                    ));
+                };
+                let len = expr::from_syn(&d.len, Ty::Int, &scalar_only, &scalar_int_names)?;
+                let direction = match d.direction {
+                    None if mutable => Direction::Out,
+                    None => Direction::In,
+                    Some((Direction::In, s)) if mutable => {
+                        return Err(syn::Error::new(
+                            s,
+                            format!("`{ident}` is `&mut` but declared `in`: pass it as `&` or declare it `inout`"),
+                        ))
+                    }
+                    Some((Direction::Out | Direction::InOut, s)) if !mutable => {
+                        return Err(syn::Error::new(
+                            s,
+                            format!("`{ident}` is written by the kernel, so the launcher must take it as `&mut`"),
+                        ))
+                    }
+                    Some((dir, _)) => dir,
+                };
+                let distribution = match (&d.distribution, direction) {
+                    (Some((_, s)), Direction::Out) => {
+                        return Err(syn::Error::new(
+                            *s,
+                            format!("`{ident}` is an output; only inputs take a distribution"),
+                        ))
+                    }
+                    (_, Direction::Out) => None,
+                    (None, _) if dtype.is_float() => Some(Distribution::Normal {
+                        mean: 0.0,
+                        std: 1.0,
+                    }),
+                    (None, _) => Some(Distribution::Range {
+                        lo: Expr::Int(0),
+                        hi: Expr::Int(if dtype.size() == 1 { 100 } else { 1000 }),
+                    }),
+                    (Some((DistDecl::Normal(m, s), sp)), _) => {
+                        if !dtype.is_float() {
+                            return Err(syn::Error::new(
+                                *sp,
+                                format!("`{ident}` holds integers ({dtype}); use `range(lo..hi)`"),
+                            ));
+                        }
+                        if *s <= 0.0 {
+                            return Err(syn::Error::new(
+                                *sp,
+                                "the standard deviation must be positive",
+                            ));
+                        }
+                        Some(Distribution::Normal { mean: *m, std: *s })
+                    }
+                    (Some((DistDecl::Uniform(lo, hi), sp)), _) => {
+                        if !dtype.is_float() {
+                            return Err(syn::Error::new(
+                                *sp,
+                                format!("`{ident}` holds integers ({dtype}); use `range(lo..hi)`"),
+                            ));
+                        }
+                        Some(Distribution::Uniform { lo: *lo, hi: *hi })
+                    }
+                    (Some((DistDecl::Range(lo, hi), sp)), _) => {
+                        if dtype.is_float() {
+                            return Err(syn::Error::new(*sp, format!("`{ident}` holds floats ({dtype}); use `normal(mean, std)` or `uniform(lo..hi)`")));
+                        }
+                        Some(Distribution::Range {
+                            lo: expr::from_syn(lo, Ty::Int, &scalar_only, &scalar_int_names)?,
+                            hi: expr::from_syn(hi, Ty::Int, &scalar_only, &scalar_int_names)?,
+                        })
+                    }
+                };
+                let tolerance = match (&d.tolerance, direction) {
+                    (Some((_, s)), Direction::In) => {
+                        return Err(syn::Error::new(
+                            *s,
+                            format!("`{ident}` is an input; tolerances apply to outputs"),
+                        ))
+                    }
+                    (t, _) => t.map(|(t, _)| t),
+                };
+                params.push(Param::Buffer(Buffer {
+                    name: ident.to_string(),
+                    dtype,
+                    len,
+                    direction,
+                    distribution,
+                    tolerance,
+                }));
+            }
+        }
+    }
+    if !params
+        .iter()
+        .any(|p| matches!(p, Param::Buffer(b) if b.is_output()))
+    {
+        return Err(syn::Error::new(
+            call_site,
+            "the kernel writes no buffer: declare an output as `&mut CudaSlice<T>` (kopt verifies outputs)",
+        ));
+    }
+
+    let int_expr = |key: &str, v: &TokenStream| -> syn::Result<Expr> {
+        let e: syn::Expr = syn::parse2(v.clone())
+            .map_err(|e| syn::Error::new(e.span(), format!("`{key}`: expected an expression")))?;
+        expr::from_syn(&e, Ty::Int, &var_kind, &int_names)
+    };
+
+    // --- launch geometry
+    let dims = |key: &str| -> syn::Result<[Expr; 3]> {
+        let Some((k, v)) = keys.get(key) else {
+            return Err(syn::Error::new(
+                call_site,
+                format!("#[kopt::kernel] needs `{key} = ...`: the reference launch's {key} size, e.g. `{key} = {}`",
+                    if key == "grid" { "(rows, 1, 1)" } else { "256" }),
+            ));
+        };
+        let e: syn::Expr = syn::parse2(v.clone())?;
+        match e {
+            syn::Expr::Tuple(t) => {
+                if t.elems.is_empty() || t.elems.len() > 3 {
+                    return Err(syn::Error::new(
+                        t.span(),
+                        format!("`{k}` takes one to three dimensions: `{k} = (x, y, z)`"),
+                    ));
+                }
+                let mut out = [Expr::Int(1), Expr::Int(1), Expr::Int(1)];
+                for (i, el) in t.elems.iter().enumerate() {
+                    out[i] = expr::from_syn(el, Ty::Int, &var_kind, &int_names)?;
+                }
+                Ok(out)
+            }
+            other => Ok([
+                expr::from_syn(&other, Ty::Int, &var_kind, &int_names)?,
+                Expr::Int(1),
+                Expr::Int(1),
+            ]),
+        }
+    };
+    let grid = dims("grid")?;
+    let block = dims("block")?;
+    let smem = match keys.get("smem") {
+        Some((_, v)) => int_expr("smem", v)?,
+        None => Expr::Int(0),
+    };
+
+    // --- bytes and flops
+    let bytes = match keys.get("bytes") {
+        Some((_, v)) => int_expr("bytes", v)?,
+        None => default_bytes(&params),
+    };
+    let flops = keys
+        .get("flops")
+        .map(|(_, v)| int_expr("flops", v))
+        .transpose()?;
+
+    // --- tolerance
+    let tolerance = keys
+        .get("tolerance")
+        .map(|(k, v)| {
+            let f = |c: ParseStream| {
+                let content;
+                braced!(content in c);
+                parse_tolerance_fields(&content, k.span())
+            };
+            f.parse2(v.clone()).map_err(|e| {
+                syn::Error::new(
+                    e.span(),
+                    format!("{e} (write `tolerance = {{ rtol: 1e-3, atol: 1e-5 }}`)"),
+                )
+            })
+        })
+        .transpose()?;
+
+    // --- defaults and shapes
+    let mut defaults = BTreeMap::new();
+    if let Some((_, v)) = keys.get("defaults") {
+        for (name, span, value) in parse_map(v.clone())? {
+            check_scalar_value(&name, span, value, &scalar_names)?;
+            defaults.insert(name, value);
+        }
+    }
+    let shapes = match keys.get("shapes") {
+        Some((k, v)) => parse_shapes(k, v.clone(), &scalar_names, &defaults)?,
+        None => {
+            return Err(syn::Error::new(
+                call_site,
+                "#[kopt::kernel] needs `shapes = [{ ... }]`: the real problem sizes to verify and measure, e.g. `shapes = [{ rows: 4096, cols: 4096 }]`",
+            ))
+        }
+    };
+
+    // --- constraints
+    let mut constraints = Vec::new();
+    if let Some((_, v)) = keys.get("constraints") {
+        let list = (|c: ParseStream| {
+            let content;
+            bracketed!(content in c);
+            Punctuated::<syn::Expr, Token![,]>::parse_terminated(&content)
+        })
+        .parse2(v.clone())?;
+        for e in list {
+            constraints.push(expr::from_syn(&e, Ty::Bool, &var_kind, &int_names)?);
+        }
+    }
+
+    // --- options and include
+    let str_list = |key: &str| -> syn::Result<Vec<(String, Span)>> {
+        let Some((_, v)) = keys.get(key) else {
+            return Ok(Vec::new());
+        };
+        let list = (|c: ParseStream| {
+            let content;
+            bracketed!(content in c);
+            Punctuated::<LitStr, Token![,]>::parse_terminated(&content)
+        })
+        .parse2(v.clone())
+        .map_err(|e| {
+            syn::Error::new(
+                e.span(),
+                format!("`{key}` is a list of strings: `{key} = [\"...\"]`"),
+            )
+        })?;
+        Ok(list.into_iter().map(|l| (l.value(), l.span())).collect())
+    };
+    let options = str_list("options")?;
+    for (o, span) in &options {
+        if o.starts_with("-I") || o.starts_with("--include-path") {
+            return Err(syn::Error::new(
+                *span,
+                "include folders are declared with `include = [\"...\"]`, not as options",
+            ));
+        }
+        if !o.starts_with('-') {
+            return Err(syn::Error::new(
+                *span,
+                "an NVRTC option starts with `-`, e.g. \"--use_fast_math\"",
+            ));
+        }
+    }
+    let include = str_list("include")?;
+    for (p, span) in &include {
+        check_relative_path(p, *span)?;
+    }
+
+    let spec = KernelSpec {
+        name: launcher.ident.to_string(),
+        reference,
+        entry,
+        params,
+        launch: LaunchRule { grid, block, smem },
+        shapes,
+        bytes,
+        flops,
+        tolerance,
+        tunables,
+        constraints,
+        options: options.into_iter().map(|(o, _)| o).collect(),
+        include: include.into_iter().map(|(p, _)| p).collect(),
+    };
+    check_shapes_against_spec(
+        &spec,
+        keys.get("shapes")
+            .map(|(k, _)| k.span())
+            .unwrap_or(call_site),
+    )?;
+    Ok((spec, launcher))
+}
+
+/// Each input read once and each output written once (in-out: both).
+fn default_bytes(params: &[Param]) -> Expr {
+    let mut total: Option<Expr> = None;
+    for p in params {
+        let Param::Buffer(b) = p else { continue };
+        let times = if b.direction == Direction::InOut {
+            2
+        } else {
+            1
+        };
+        let term = Expr::Binary(
+            expr::BinOp::Mul,
+            Box::new(b.len.clone()),
+            Box::new(Expr::Int((b.dtype.size() * times) as i64)),
+        );
+        total = Some(match total {
+            None => term,
+            Some(t) => Expr::Binary(expr::BinOp::Add, Box::new(t), Box::new(term)),
+        });
+    }
+    total.unwrap_or(Expr::Int(0))
+}
+
+fn check_relative_path(path: &str, span: Span) -> syn::Result<()> {
+    let p = std::path::Path::new(path);
+    if path.is_empty() || p.is_absolute() || path.starts_with('/') || path.contains('\\') {
+        return Err(syn::Error::new(span, "give a path relative to the crate root, with `/` separators, e.g. \"kernels/softmax.cu\""));
+    }
+    if p.components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(syn::Error::new(
+            span,
+            "the path may not leave the crate (`..`): keep kernel sources inside the crate",
+        ));
+    }
+    Ok(())
+}
+
+fn parse_tunables(v: TokenStream) -> syn::Result<Vec<(Tunable, Span)>> {
+    let parser = |c: ParseStream| {
+        let content;
+        braced!(content in c);
+        let mut out: Vec<(Tunable, Span)> = Vec::new();
+        while !content.is_empty() {
+            let name: Ident = content.parse()?;
+            let s = name.to_string();
+            if out.iter().any(|(t, _)| t.name == s) {
+                return Err(syn::Error::new(
+                    name.span(),
+                    format!("tunable `{s}` is given twice"),
+                ));
+            }
+            content.parse::<Token![:]>()?;
+            let mut default = None;
+            if !content.peek(syn::token::Bracket) {
+                let n = parse_number(&content)?;
+                let Number::Int(n) = n else {
+                    return Err(content.error("a tunable's value is an integer"));
+                };
+                default = Some((n, name.span()));
+                content.parse::<Token![in]>().map_err(|e| {
+                    syn::Error::new(
+                        e.span(),
+                        format!("write `{s}: {n} in [..]` (default, then the candidate values)"),
+                    )
+                })?;
+            }
+            let list;
+            let br = bracketed!(list in content);
+            let mut values = Vec::new();
+            while !list.is_empty() {
+                match parse_number(&list)? {
+                    Number::Int(n) => {
+                        if values.contains(&n) {
+                            return Err(list.error(format!("{n} is listed twice")));
+                        }
+                        values.push(n)
+                    }
+                    Number::Float(_) => return Err(list.error("a tunable's values are integers")),
+                }
+                if !list.is_empty() {
+                    list.parse::<Token![,]>()?;
+                }
+            }
+            if values.is_empty() {
+                return Err(syn::Error::new(
+                    br.span.join(),
+                    format!("tunable `{s}` needs at least one value"),
+                ));
+            }
+            let default = match default {
+                Some((d, sp)) => {
+                    if !values.contains(&d) {
+                        return Err(syn::Error::new(
+                            sp,
+                            format!(
+                                "the default of `{s}` ({d}) is not among its values {values:?}"
+                            ),
+                        ));
+                    }
+                    d
+                }
+                None => values[0],
+            };
+            out.push((
+                Tunable {
+                    name: s,
+                    values,
+                    default,
+                },
+                name.span(),
+            ));
+            if !content.is_empty() {
+                content.parse::<Token![,]>()?;
+            }
+        }
+        Ok(out)
+    };
+    parser.parse2(v).map_err(|e| {
+        if e.to_string().starts_with("expected") {
+            syn::Error::new(
+                e.span(),
+                format!(
+                    "{e} (write `tunables = {{ BLOCK: 256 in [128, 256, 512], VEC: [1, 2, 4] }}`)"
+                ),
+            )
+        } else {
+            e
+        }
+    })
+}
+
+fn parse_map(v: TokenStream) -> syn::Result<Vec<(String, Span, Number)>> {
+    let parser = |c: ParseStream| parse_map_inner(c);
+    parser.parse2(v)
+}
+
+fn parse_map_inner(c: ParseStream) -> syn::Result<Vec<(String, Span, Number)>> {
+    let content;
+    braced!(content in c);
+    let mut out: Vec<(String, Span, Number)> = Vec::new();
+    while !content.is_empty() {
+        let k: Ident = content.parse()?;
+        content
+            .parse::<Token![:]>()
+            .map_err(|e| syn::Error::new(e.span(), format!("write `{k}: <value>`")))?;
+        let v = parse_number(&content)?;
+        let name = k.to_string();
+        if out.iter().any(|(n, _, _)| *n == name) {
+            return Err(syn::Error::new(
+                k.span(),
+                format!("`{name}` is given twice"),
+            ));
+        }
+        out.push((name, k.span(), v));
+        if !content.is_empty() {
+            content.parse::<Token![,]>()?;
+        }
+    }
+    Ok(out)
+}
+
+fn check_scalar_value(
+    name: &str,
+    span: Span,
+    v: Number,
+    scalars: &[(String, ScalarTy)],
+) -> syn::Result<()> {
+    let Some((_, ty)) = scalars.iter().find(|(n, _)| n == name) else {
+        let names: Vec<String> = scalars.iter().map(|(n, _)| n.clone()).collect();
+        let hint = expr::closest(name, &names)
+            .map(|c| format!("; did you mean `{c}`?"))
+            .unwrap_or_else(|| format!("; the scalar arguments are: {}", names.join(", ")));
+        return Err(syn::Error::new(
+            span,
+            format!("`{name}` is not a scalar argument{hint}"),
+        ));
+    };
+    match (ty.is_float(), v) {
+        (false, Number::Float(_)) => Err(syn::Error::new(
+            span,
+            format!("`{name}` is {}: give an integer", ty.name()),
+        )),
+        (false, Number::Int(i))
+            if i < 0 && matches!(ty, ScalarTy::U32 | ScalarTy::U64 | ScalarTy::Usize) =>
+        {
+            Err(syn::Error::new(
+                span,
+                format!("`{name}` is {}: it cannot be negative", ty.name()),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn parse_shapes(
+    key: &Ident,
+    v: TokenStream,
+    scalars: &[(String, ScalarTy)],
+    defaults: &BTreeMap<String, Number>,
+) -> syn::Result<Vec<Shape>> {
+    let parser = |c: ParseStream| {
+        let content;
+        let br = bracketed!(content in c);
+        let mut out = Vec::new();
+        while !content.is_empty() {
+            let span = content.span();
+            let entries = parse_map_inner(&content)?;
+            let mut values = BTreeMap::new();
+            let mut weight = 1.0;
+            for (name, sp, value) in entries {
+                if name == "weight" && !scalars.iter().any(|(n, _)| n == "weight") {
+                    weight = value.as_f64();
+                    if weight <= 0.0 {
+                        return Err(syn::Error::new(sp, "a shape's weight must be positive"));
+                    }
+                    continue;
+                }
+                check_scalar_value(&name, sp, value, scalars)?;
+                values.insert(name, value);
+            }
+            for (name, _) in scalars {
+                if !values.contains_key(name) {
+                    match defaults.get(name) {
+                        Some(d) => {
+                            values.insert(name.clone(), *d);
+                        }
+                        None => {
+                            return Err(syn::Error::new(
+                                span,
+                                format!("this shape gives no value for `{name}`; add `{name}: ...` here or `defaults = {{ {name}: ... }}`"),
+                            ))
+                        }
+                    }
+                }
+            }
+            out.push(Shape { values, weight });
+            if !content.is_empty() {
+                content.parse::<Token![,]>()?;
+            }
+        }
+        if out.is_empty() {
+            return Err(syn::Error::new(br.span.join(), "give at least one shape"));
+        }
+        Ok(out)
+    };
+    parser.parse2(v).map_err(|e| {
+        if e.to_string().starts_with("expected") {
+            syn::Error::new(
+                e.span(),
+                format!("{e} (write `{key} = [{{ rows: 4096, cols: 4096 }}, ...]`)"),
+            )
+        } else {
+            e
+        }
+    })
+}
+
+/// Every declared shape must give valid lengths and geometry, and satisfy the
+/// constraints at the tunables' defaults: a spec that cannot launch its own shapes is a
+/// mistake best caught at compile time.
+fn check_shapes_against_spec(spec: &KernelSpec, span: Span) -> syn::Result<()> {
+    let defines = spec.default_defines();
+    for (i, shape) in spec.shapes.iter().enumerate() {
+        let args = spec.shape_args(shape);
+        let desc = shape_label(shape);
+        let run = |what: &str, e: &Expr| -> syn::Result<i64> {
+            let prog = spec
+                .compile_expr(e, &defines)
+                .map_err(|m| syn::Error::new(span, m))?;
+            crate::expr::eval(&prog, &args).map_err(|err| {
+                syn::Error::new(
+                    span,
+                    format!("shape {} ({desc}): {what} `{e}`: {err}", i + 1),
+                )
+            })
+        };
+        for b in spec.buffers() {
+            let n = run("length", &b.len)?;
+            if n <= 0 {
+                return Err(syn::Error::new(
+                    span,
+                    format!(
+                        "shape {} ({desc}): buffer `{}` would have {n} elements",
+                        i + 1,
+                        b.name
+                    ),
+                ));
+            }
+        }
+        for (what, dims) in [("grid", &spec.launch.grid), ("block", &spec.launch.block)] {
+            for d in dims.iter() {
+                let v = run(what, d)?;
+                if v <= 0 || v > u32::MAX as i64 {
+                    return Err(syn::Error::new(
+                        span,
+                        format!("shape {} ({desc}): {what} dimension `{d}` is {v}", i + 1),
+                    ));
+                }
+            }
+        }
+        for c in &spec.constraints {
+            if run("constraint", c)? == 0 {
+                return Err(syn::Error::new(
+                    span,
+                    format!(
+                        "shape {} ({desc}) breaks the constraint `{c}` at the tunables' defaults",
+                        i + 1
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `rows=4096 cols=4096`: how shapes are named in tables and errors.
+pub fn shape_label(shape: &Shape) -> String {
+    shape
+        .values
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn parse(args: TokenStream, item: TokenStream) -> syn::Result<KernelSpec> {
+        let item = parse_item(item)?;
+        parse_kernel(args, &item).map(|(s, _)| s)
+    }
+
+    fn softmax_item() -> TokenStream {
+        quote! {
+            pub fn softmax(stream: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);
+        }
+    }
+
+    #[test]
+    fn full_spec_parses_and_normalises() {
+        let spec = parse(
+            quote! {
+                reference = "kernels/softmax.cu",
+                entry = "softmax_f32",
+                x: [rows * cols],
+                y: [rows * cols] out tol(rtol = 1e-3),
+                grid = rows,
+                block = BLOCK,
+                smem = BLOCK / 32 * 4,
+                shapes = [{ rows: 4096, cols: 4096 }, { rows: 16, cols: 65536, weight: 2 }],
+                flops = 5 * rows * cols,
+                tunables = { BLOCK: 256 in [128, 256, 512, 1024], VEC: [1, 2, 4] },
+                constraints = [BLOCK % 32 == 0, BLOCK * VEC <= cols],
+                options = ["--use_fast_math"],
+            },
+            softmax_item(),
+        )
+        .unwrap();
+        assert_eq!(spec.entry, "softmax_f32");
+        assert_eq!(spec.bytes.to_string(), "rows * cols * 4 + rows * cols * 4");
+        assert_eq!(spec.tunables[0].default, 256);
+        assert_eq!(spec.tunables[1].default, 1);
+        assert_eq!(spec.shapes[1].weight, 2.0);
+        assert_eq!(
+            spec.reference_options(),
+            vec!["-DBLOCK=256", "-DVEC=1", "--use_fast_math"]
+        );
+        let Param::Buffer(y) = &spec.params[1] else {
+            panic!()
+        };
+        assert_eq!(y.direction, Direction::Out);
+        assert_eq!(y.tolerance.unwrap().rtol, 1e-3);
+        let Param::Buffer(x) = &spec.params[0] else {
+            panic!()
+        };
+        assert_eq!(
+            x.distribution,
+            Some(Distribution::Normal {
+                mean: 0.0,
+                std: 1.0
+            })
+        );
+    }
+
+    #[test]
+    fn body_may_be_empty_braces() {
+        let spec = parse(
+            quote!(reference = "k.cu", x: [n], y: [n], grid = n / 256, block = 256, shapes = [{ n: 1024 }]),
+            quote!(fn add(s: &Arc<CudaStream>, x: &CudaSlice<f16>, y: &mut CudaSlice<f16>, n: usize) {}),
+        )
+        .unwrap();
+        assert_eq!(spec.entry, "add");
+    }
+
+    fn err(args: TokenStream) -> String {
+        parse(args, softmax_item()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn errors_name_the_fix() {
+        let base = quote!(reference = "k.cu", x: [rows * cols], y: [rows * cols], grid = rows, block = 256);
+        assert!(
+            err(quote!(#base, shapes = [{ rows: 1, cols: 2 }], refernce = "x"))
+                .contains("did you mean `reference`")
+        );
+        assert!(err(quote!(#base)).contains("needs `shapes"));
+        assert!(err(quote!(#base, shapes = [{ rows: 1 }])).contains("no value for `cols`"));
+        assert!(err(quote!(#base, shapes = [{ rows: 1, cols: 2.5 }])).contains("give an integer"));
+        assert!(err(quote!(reference = "../k.cu", x: [rows], y: [rows], grid = rows, block = 1, shapes = [{ rows: 1, cols: 1 }]))
+            .contains("may not leave the crate"));
+        assert!(err(quote!(reference = "k.cu", x: [rows], y: [rows] in, grid = rows, block = 1, shapes = [{ rows: 1, cols: 1 }]))
+            .contains("declared `in`"));
+        assert!(err(quote!(reference = "k.cu", x: [rows], grid = rows, block = 1, shapes = [{ rows: 1, cols: 1 }]))
+            .contains("buffer `y` needs a length"));
+        assert!(
+            err(quote!(#base, shapes = [{ rows: 1, cols: 2 }], constraints = [cols * 2]))
+                .contains("expected a condition")
+        );
+        assert!(
+            err(quote!(#base, shapes = [{ rows: 1, cols: 2 }], tunables = { B: 3 in [1, 2] }))
+                .contains("not among its values")
+        );
+        assert!(
+            err(quote!(#base, shapes = [{ rows: 0, cols: 2 }])).contains("would have 0 elements")
+        );
+    }
+}

@@ -1,0 +1,31 @@
+// Shared helpers for the example kernels.
+#pragma once
+#include <cuda_fp16.h>
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// Block-wide reduction through shared memory; `scratch` holds one float per warp.
+// Every thread gets the result.
+template <bool IsMax>
+__device__ float block_reduce(float v, float* scratch) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+    v = IsMax ? warp_max(v) : warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float r = IsMax ? -INFINITY : 0.0f;
+    for (int w = 0; w < warps; ++w) r = IsMax ? fmaxf(r, scratch[w]) : r + scratch[w];
+    __syncthreads();
+    return r;
+}

@@ -1,0 +1,72 @@
+//! CPU references in f64, to check the GPU launchers against.
+
+pub fn softmax(x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+    let mut y = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+        let s: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+        for c in 0..cols {
+            y[r * cols + c] = (row[c] as f64 - m).exp() / s;
+        }
+    }
+    y
+}
+
+pub fn rmsnorm(x: &[f32], w: &[f32], rows: usize, cols: usize, eps: f64) -> Vec<f64> {
+    let mut y = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let ms: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / cols as f64;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for c in 0..cols {
+            y[r * cols + c] = row[c] as f64 * inv * w[c] as f64;
+        }
+    }
+    y
+}
+
+pub fn sum(x: &[f32]) -> f64 {
+    x.iter().map(|&v| v as f64).sum()
+}
+
+/// q: [b, hq, d]; k, v: [b, hkv, s, d].
+pub fn gqa_decode(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    s: usize,
+    d: usize,
+) -> Vec<f64> {
+    let mut out = vec![0.0; b * hq * d];
+    let group = hq / hkv;
+    let scale = 1.0 / (d as f64).sqrt();
+    for bi in 0..b {
+        for h in 0..hq {
+            let kvh = h / group;
+            let qv = &q[(bi * hq + h) * d..(bi * hq + h + 1) * d];
+            let base = (bi * hkv + kvh) * s * d;
+            let scores: Vec<f64> = (0..s)
+                .map(|t| {
+                    let kr = &k[base + t * d..base + (t + 1) * d];
+                    qv.iter()
+                        .zip(kr)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = p.iter().sum();
+            for dd in 0..d {
+                let acc: f64 = (0..s).map(|t| p[t] * v[base + t * d + dd] as f64).sum();
+                out[(bi * hq + h) * d + dd] = acc / z;
+            }
+        }
+    }
+    out
+}
