@@ -174,23 +174,34 @@ pub fn global_functions(source: &str) -> Vec<String> {
     let mut rest = source;
     while let Some(pos) = rest.find("__global__") {
         rest = &rest[pos + "__global__".len()..];
-        let Some(paren) = rest.find(['(', ';', '{']) else {
-            break;
+        // Attributes such as `__launch_bounds__(256)` sit between `__global__` and the
+        // name: skip their parenthesised arguments.
+        let mut scan = rest;
+        let name = loop {
+            let Some(paren) = scan.find(['(', ';', '{']) else { break None };
+            if !scan[paren..].starts_with('(') {
+                break None;
+            }
+            let head = scan[..paren].trim_end();
+            let ident: String = head
+                .chars()
+                .rev()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            if ident.starts_with("__") && ident.ends_with("__") && ident.len() > 4 {
+                let Some(close) = scan[paren..].find(')') else { break None };
+                scan = &scan[paren + close + 1..];
+                continue;
+            }
+            break Some(ident);
         };
-        if !rest[paren..].starts_with('(') {
-            continue;
-        }
-        let head = rest[..paren].trim_end();
-        let name: String = head
-            .chars()
-            .rev()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        if !name.is_empty() && !out.contains(&name) {
-            out.push(name);
+        if let Some(name) = name.filter(|n| !n.is_empty()) {
+            if !out.contains(&name) {
+                out.push(name);
+            }
         }
     }
     out
@@ -241,6 +252,8 @@ mod tests {
             "a __device__ function is no entry point"
         );
         assert!(!defines_entry(&a.text, "kk"));
+        let lb = "extern \"C\" __global__ void __launch_bounds__(MAX_BLOCK, 2)\nsoftmax_f32(const float* x) {}";
+        assert_eq!(global_functions(lb), vec!["softmax_f32"]);
     }
 
     #[test]

@@ -2,6 +2,9 @@
 #pragma once
 #include <cuda_fp16.h>
 
+// -inf without <math.h>, which NVRTC does not provide.
+#define NEG_INF __int_as_float(0xff800000)
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int offset = 16; offset > 0; offset >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -24,7 +27,7 @@ __device__ float block_reduce(float v, float* scratch) {
     v = IsMax ? warp_max(v) : warp_sum(v);
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    float r = IsMax ? -INFINITY : 0.0f;
+    float r = IsMax ? NEG_INF : 0.0f;
     for (int w = 0; w < warps; ++w) r = IsMax ? fmaxf(r, scratch[w]) : r + scratch[w];
     __syncthreads();
     return r;

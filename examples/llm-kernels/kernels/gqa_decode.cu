@@ -30,7 +30,7 @@ extern "C" __global__ void gqa_decode_f16(const __half* __restrict__ q,
     __syncthreads();
 
     // Scores: each thread takes whole keys.
-    float m = -INFINITY;
+    float m = NEG_INF;
     for (unsigned int s = threadIdx.x; s < seq_len; s += blockDim.x) {
         const __half* kr = k + kv_base + (size_t)s * HEAD_DIM;
         float dot = 0.0f;

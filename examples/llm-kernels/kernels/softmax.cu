@@ -9,7 +9,7 @@ extern "C" __global__ void softmax_f32(const float* __restrict__ x, float* __res
     const float* xr = x + (size_t)row * cols;
     float* yr = y + (size_t)row * cols;
 
-    float m = -INFINITY;
+    float m = NEG_INF;
     for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
     m = block_reduce<true>(m, scratch);
 

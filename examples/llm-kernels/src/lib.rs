@@ -20,7 +20,7 @@ use kopt::prelude::*;
         { rows: 4096, cols: 4096 },
         { rows: 16, cols: 65536 },
         { rows: 32768, cols: 1024 },
-        { rows: 8, cols: 1000 },
+        { rows: 8, cols: 50257 },
     ],
     flops = 5 * rows * cols,
     constraints = [cols >= 1],
