@@ -32,3 +32,19 @@ pub fn missing() -> Option<String> {
     }
     None
 }
+
+/// For GPU tests (marked `#[ignore = "needs a CUDA GPU"]`): `true` when a GPU can be
+/// used. Without one, the test is skipped with a message, unless `KOPT_REQUIRE_GPU` is
+/// set, in which case this panics: a run that asked for the GPU must not pass quietly.
+pub fn available_for_test() -> bool {
+    match missing() {
+        None => true,
+        Some(why) if std::env::var_os("KOPT_REQUIRE_GPU").is_some_and(|v| v != "0") => {
+            panic!("KOPT_REQUIRE_GPU is set, but {why}")
+        }
+        Some(why) => {
+            eprintln!("skipped: {why}");
+            false
+        }
+    }
+}

@@ -221,6 +221,8 @@ pub fn generate(
     quote! {
         #(#attrs)*
         #[doc = #doc]
+        // The launcher mirrors the kernel's parameter list, however long it is.
+        #[allow(clippy::too_many_arguments)]
         #vis fn #ident(#stream: &#kopt::__private::CudaStream, #(#param_decls),*) -> ::core::result::Result<(), #kopt::Error> {
             let __kopt_stream: &#kopt::__private::CudaStream = #stream;
             let __kopt_args: [i64; #n_scalars] = [#(#scalar_values),*];

@@ -105,9 +105,7 @@ impl LockFile {
     /// order regions are tried in).
     pub fn render(&self) -> String {
         let mut sorted = self.clone();
-        sorted
-            .accepted
-            .sort_by(|a, b| arch_key(&a.arch).cmp(&arch_key(&b.arch)));
+        sorted.accepted.sort_by_key(|e| arch_key(&e.arch));
         format!(
             "{LOCK_HEADER}{}",
             toml::to_string(&sorted).expect("lock serialises")

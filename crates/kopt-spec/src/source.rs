@@ -178,7 +178,9 @@ pub fn global_functions(source: &str) -> Vec<String> {
         // name: skip their parenthesised arguments.
         let mut scan = rest;
         let name = loop {
-            let Some(paren) = scan.find(['(', ';', '{']) else { break None };
+            let Some(paren) = scan.find(['(', ';', '{']) else {
+                break None;
+            };
             if !scan[paren..].starts_with('(') {
                 break None;
             }
@@ -192,7 +194,9 @@ pub fn global_functions(source: &str) -> Vec<String> {
                 .rev()
                 .collect();
             if ident.starts_with("__") && ident.ends_with("__") && ident.len() > 4 {
-                let Some(close) = scan[paren..].find(')') else { break None };
+                let Some(close) = scan[paren..].find(')') else {
+                    break None;
+                };
                 scan = &scan[paren + close + 1..];
                 continue;
             }

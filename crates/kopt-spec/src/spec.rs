@@ -486,7 +486,7 @@ enum Opt {
     /// `key = value`
     Key(Ident, TokenStream),
     /// `buffer: [len] modifiers...`
-    Buffer(BufferDecl),
+    Buffer(Box<BufferDecl>),
 }
 
 struct BufferDecl {
@@ -500,7 +500,7 @@ struct BufferDecl {
 enum DistDecl {
     Normal(f64, f64),
     Uniform(f64, f64),
-    Range(syn::Expr, syn::Expr),
+    Range(Box<syn::Expr>, Box<syn::Expr>),
 }
 
 impl Parse for Opt {
@@ -543,7 +543,7 @@ impl Parse for Opt {
             while !input.is_empty() && !input.peek(Token![,]) {
                 parse_buffer_modifier(input, &mut decl)?;
             }
-            return Ok(Opt::Buffer(decl));
+            return Ok(Opt::Buffer(Box::new(decl)));
         }
         Err(syn::Error::new(
             name.span(),
@@ -605,7 +605,7 @@ fn parse_buffer_modifier(input: ParseStream, d: &mut BufferDecl) -> syn::Result<
             if matches!(r.limits, syn::RangeLimits::Closed(_)) {
                 return Err(syn::Error::new(span, "write a half-open range `lo..hi`"));
             }
-            set_once(&mut d.distribution, (DistDecl::Range(*lo, *hi), span), "distribution")
+            set_once(&mut d.distribution, (DistDecl::Range(lo, hi), span), "distribution")
         }
         "tol" => {
             let c;
@@ -943,7 +943,7 @@ fn build_spec(
                         format!("buffer `{}` is declared twice", d.name),
                     ));
                 }
-                decls.push(d);
+                decls.push(*d);
             }
         }
     }

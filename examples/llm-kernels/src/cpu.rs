@@ -31,6 +31,7 @@ pub fn sum(x: &[f32]) -> f64 {
 }
 
 /// q: [b, hq, d]; k, v: [b, hkv, s, d].
+#[allow(clippy::too_many_arguments)]
 pub fn gqa_decode(
     q: &[f32],
     k: &[f32],

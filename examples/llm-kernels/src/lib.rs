@@ -4,6 +4,7 @@
 //! Each launcher checks its buffers against the declared lengths, runs the accepted
 //! variant for the GPU's architecture (see `kopt/`), else the reference kernel.
 
+pub mod check;
 pub mod cpu;
 
 use kopt::prelude::*;

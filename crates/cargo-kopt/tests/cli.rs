@@ -1,0 +1,263 @@
+//! `cargo kopt list`, `check`, `pin` and `revert` on a scratch copy of the example crate.
+
+use std::process::{Command, Output};
+
+use kopt_tests::{text, ExampleWorkspace};
+
+fn kopt(ws: &ExampleWorkspace, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cargo-kopt"))
+        .arg("kopt")
+        .args(args)
+        .arg("--manifest-path")
+        .arg(ws.manifest())
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn list_prints_a_table_and_json() {
+    let ws = ExampleWorkspace::new();
+    let o = kopt(&ws, &["list"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = stdout(&o);
+    for needle in [
+        "crate",
+        "kernel",
+        "softmax",
+        "rmsnorm",
+        "reduce_sum",
+        "gqa_decode",
+        "sm_90: online-vec4 where cols % 4 == 0",
+        "kernels/softmax.cu (softmax_f32)",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    assert!(
+        !out.contains('\u{1b}'),
+        "no colour when stdout is not a terminal"
+    );
+
+    let o = kopt(&ws, &["list", "--message-format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let softmax = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kernel"] == "softmax")
+        .unwrap();
+    assert_eq!(softmax["variants"][0]["status"], "active");
+    assert_eq!(softmax["variants"][0]["region"], "cols % 4 == 0");
+    assert_eq!(softmax["variants"][0]["verified_by"], "manual");
+    assert_eq!(softmax["shapes"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn colour_is_forced_or_refused_by_flag() {
+    let ws = ExampleWorkspace::new();
+    let o = kopt(&ws, &["list", "--color", "always"]);
+    assert!(stdout(&o).contains('\u{1b}'));
+    let o = Command::new(env!("CARGO_BIN_EXE_cargo-kopt"))
+        .args(["kopt", "list", "--color", "never", "--manifest-path"])
+        .arg(ws.manifest())
+        .output()
+        .unwrap();
+    assert!(!stdout(&o).contains('\u{1b}'));
+}
+
+#[test]
+fn check_passes_on_the_example() {
+    let ws = ExampleWorkspace::new();
+    let o = kopt(&ws, &["check"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        stdout(&o).contains("ok: 4 kernel(s), 1 accepted variant(s)"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_corrupted_variant_fails_check_naming_kernel_and_fix() {
+    let ws = ExampleWorkspace::new();
+    let src = "kopt/softmax/online-vec4/kernel.cu";
+    ws.write(src, &ws.read(src).replace("1.0f / ws[0]", "0.5f / ws[0]"));
+    let o = kopt(&ws, &["check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("variant `online-vec4` for sm_90 is corrupt: kernel.cu does not match the hash in the lock file"),
+        "{out}"
+    );
+    assert!(
+        out.contains("git checkout -- kopt/softmax/online-vec4"),
+        "{out}"
+    );
+    assert!(
+        out.contains("cargo kopt revert softmax --arch sm_90"),
+        "{out}"
+    );
+
+    let o = kopt(&ws, &["check", "--message-format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["problems"][0]["kernel"], "softmax");
+}
+
+#[test]
+fn an_edited_reference_makes_the_variant_stale() {
+    let ws = ExampleWorkspace::new();
+    let r = "kernels/softmax.cu";
+    ws.write(r, &ws.read(r).replace("three passes", "3 passes"));
+    let o = kopt(&ws, &["check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("variant `online-vec4` for sm_90 is stale: the reference source (or one of its includes) changed since it was verified"),
+        "{out}"
+    );
+    assert!(out.contains("re-verify"), "{out}");
+    let listed = stdout(&kopt(&ws, &["list"]));
+    assert!(listed.contains("[STALE]"), "{listed}");
+}
+
+#[test]
+fn an_edited_annotation_makes_the_variant_stale() {
+    let ws = ExampleWorkspace::new();
+    ws.write(
+        "src/lib.rs",
+        &ws.read("src/lib.rs")
+            .replace("{ rows: 16, cols: 65536 },", "{ rows: 32, cols: 65536 },"),
+    );
+    let out = stdout(&kopt(&ws, &["check"]));
+    assert!(
+        out.contains("the #[kopt::kernel] annotation changed since it was verified"),
+        "{out}"
+    );
+}
+
+#[test]
+fn broken_lock_and_audit_files_are_reported() {
+    let ws = ExampleWorkspace::new();
+    ws.write(
+        "kopt/softmax/online-vec4/RATIONALE.md",
+        "# edited by hand\n",
+    );
+    let out = stdout(&kopt(&ws, &["check"]));
+    assert!(
+        out.contains("RATIONALE.md does not match rationale.json"),
+        "{out}"
+    );
+
+    ws.write(
+        "kopt/softmax/kopt.lock",
+        "format = 1\nkernel = \"softmax\"\n[[accepted]]\narch = 90\n",
+    );
+    let o = kopt(&ws, &["check"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    assert!(out.contains("the lock file cannot be read"), "{out}");
+    assert!(
+        out.contains("git checkout -- kopt/softmax/kopt.lock"),
+        "{out}"
+    );
+
+    ws.write(
+        "kopt/softmax/kopt.lock",
+        "format = 2\nkernel = \"softmax\"\n",
+    );
+    let out = stdout(&kopt(&ws, &["check"]));
+    assert!(out.contains("format 2 is not supported"), "{out}");
+}
+
+#[test]
+fn a_folder_without_a_kernel_is_reported() {
+    let ws = ExampleWorkspace::new();
+    std::fs::create_dir_all(ws.path("kopt/old_softmax")).unwrap();
+    let out = stdout(&kopt(&ws, &["check"]));
+    assert!(
+        out.contains("no #[kopt::kernel] named `old_softmax`"),
+        "{out}"
+    );
+}
+
+#[test]
+fn revert_then_pin_round_trip() {
+    let ws = ExampleWorkspace::new();
+    let o = kopt(&ws, &["revert", "softmax", "--arch", "sm_90"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(stdout(&o).contains("sm_90: dropped online-vec4"));
+    assert!(stdout(&kopt(&ws, &["list"])).contains("reference everywhere"));
+    assert!(kopt(&ws, &["check"]).status.success());
+
+    let o = kopt(&ws, &["revert", "softmax"]);
+    assert_eq!(o.status.code(), Some(2), "nothing left to revert");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("has no accepted variant"));
+
+    let o = kopt(
+        &ws,
+        &[
+            "pin",
+            "softmax",
+            "online-vec4",
+            "--arch",
+            "sm_90",
+            "--region",
+            "cols % 4 == 0",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(kopt(&ws, &["check"]).status.success());
+}
+
+#[test]
+fn pin_refuses_bad_input() {
+    let ws = ExampleWorkspace::new();
+    let err = |args: &[&str]| {
+        let o = kopt(&ws, args);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    assert!(err(&["pin", "softmax", "online-vec4", "--arch", "ampere"])
+        .contains("not an architecture name"));
+    assert!(err(&[
+        "pin",
+        "softmax",
+        "online-vec4",
+        "--arch",
+        "sm_90",
+        "--region",
+        "colz > 4"
+    ])
+    .contains("did you mean `cols`"));
+    assert!(
+        err(&["pin", "softmax", "nope", "--arch", "sm_90"]).contains("kopt/softmax/nope/kernel.cu")
+    );
+    assert!(err(&["pin", "softmaks", "online-vec4", "--arch", "sm_90"])
+        .contains("no #[kopt::kernel] named `softmaks`"));
+    assert!(err(&["list", "-p", "nonexistent"]).contains("not a member of this workspace"));
+}
+
+#[test]
+fn an_invalid_annotation_is_reported_with_its_location() {
+    let ws = ExampleWorkspace::new();
+    ws.write(
+        "src/lib.rs",
+        &ws.read("src/lib.rs").replace(
+            "entry = \"softmax_f32\",",
+            "entry = \"softmax_f32\", blok = 3,",
+        ),
+    );
+    let o = kopt(&ws, &["check"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    assert!(
+        out.contains("unknown option `blok`; did you mean `block`?"),
+        "{out}"
+    );
+    assert!(out.contains("llm-kernels/src/lib.rs:"), "{out}");
+}

@@ -1,0 +1,147 @@
+//! The committed formats, snapshot-tested: a change here changes every user's files (and,
+//! for the spec JSON, every hash), so it must be deliberate.
+
+use std::collections::BTreeMap;
+
+use kopt_spec::files::*;
+use kopt_spec::spec::{self, Number};
+use quote::quote;
+
+fn sample_spec() -> kopt_spec::KernelSpec {
+    let item = spec::parse_item(quote! {
+        pub fn rmsnorm(stream: &CudaStream, x: &CudaSlice<f16>, w: &CudaSlice<f16>, y: &mut CudaSlice<f16>,
+                       table: &CudaSlice<i32>, rows: u32, cols: u32, eps: f32);
+    })
+    .unwrap();
+    let (spec, _) = spec::parse_kernel(
+        quote! {
+            reference = "kernels/rmsnorm.cu", entry = "rmsnorm_f16",
+            x: [rows * cols], w: [cols] uniform(0.5..1.5), y: [rows * cols] tol(rtol = 2e-2),
+            table: [rows] range(0..rows),
+            grid = rows, block = BLOCK, smem = BLOCK / 32 * 4,
+            defaults = { eps: 1e-5 },
+            shapes = [{ rows: 8192, cols: 4096 }, { rows: 1, cols: 4096, weight: 4 }],
+            flops = 4 * rows * cols,
+            tunables = { BLOCK: 256 in [128, 256, 512], VEC: [1, 2, 4] },
+            constraints = [cols % VEC == 0, BLOCK * VEC <= cols],
+            options = ["--use_fast_math"],
+        },
+        &item,
+    )
+    .unwrap();
+    spec
+}
+
+#[test]
+fn spec_json_is_stable() {
+    insta::assert_snapshot!(sample_spec().canonical_json());
+}
+
+fn sample_lock() -> LockFile {
+    let e = |arch: &str, variant: &str, region: Option<&str>| LockEntry {
+        arch: arch.into(),
+        variant: variant.into(),
+        region: region.map(Into::into),
+        verified_by: VerifiedBy::Kopt,
+        reference_hash: "sha256:aaaa".into(),
+        spec_hash: "sha256:bbbb".into(),
+        source_hash: "sha256:cccc".into(),
+        variant_hash: "sha256:dddd".into(),
+    };
+    LockFile {
+        format: FORMAT,
+        kernel: "rmsnorm".into(),
+        // Deliberately out of order: rendering sorts by architecture, keeping the order
+        // of entries within one architecture.
+        accepted: vec![
+            e("sm_100", "blackwell-v1", None),
+            e("sm_90", "wide-rows", Some("cols >= 8192")),
+            e("sm_90", "vec8", Some("cols % 8 == 0")),
+            e("sm_80", "ampere-v2", None),
+        ],
+    }
+}
+
+#[test]
+fn lock_file_format() {
+    let text = sample_lock().render();
+    insta::assert_snapshot!(text);
+    assert_eq!(LockFile::parse(&text).unwrap().render(), text, "round trip");
+}
+
+#[test]
+fn variant_file_format() {
+    let v = VariantFile {
+        format: FORMAT,
+        kernel: "rmsnorm".into(),
+        id: "vec8".into(),
+        entry: "rmsnorm_f16".into(),
+        launch: sample_spec().launch,
+        defines: BTreeMap::from([("BLOCK".into(), 512), ("VEC".into(), 8)]),
+        options: vec!["--use_fast_math".into()],
+    };
+    let text = v.render();
+    insta::assert_snapshot!(text);
+    assert_eq!(VariantFile::parse(&text).unwrap(), v, "round trip");
+    assert_eq!(
+        v.compile_options(),
+        vec!["-DBLOCK=512", "-DVEC=8", "--use_fast_math"]
+    );
+}
+
+#[test]
+fn rationale_formats() {
+    let r = Rationale {
+        format: FORMAT,
+        kernel: "rmsnorm".into(),
+        variant: "vec8".into(),
+        arch: "sm_90".into(),
+        summary: "Loads eight halves per thread.".into(),
+        diagnosis: Diagnosis {
+            bottleneck: "memory-bound".into(),
+            explanation: "2-byte loads | narrow".into(),
+            evidence: vec!["dram 61% of peak".into()],
+        },
+        changes: vec![Change {
+            what: "uint4 loads".into(),
+            why: "16 bytes per request".into(),
+        }],
+        risks: vec![Risk {
+            risk: "misalignment".into(),
+            covered_by: "region cols % 8 == 0".into(),
+        }],
+        verification: Verification {
+            method: "kopt verify".into(),
+            outputs: vec![OutputCheck {
+                buffer: "y".into(),
+                rtol: 1e-2,
+                atol: 1e-2,
+                max_abs_error: 0.0039,
+                max_rel_error: 0.0081,
+            }],
+            seeds: vec![1, 2, 3],
+        },
+        figures: vec![ShapeFigures {
+            shape: BTreeMap::from([
+                ("cols".into(), Number::Int(4096)),
+                ("rows".into(), Number::Int(8192)),
+            ]),
+            reference_us: 40.0,
+            variant_us: 25.0,
+            copy_bandwidth_pct: Some(62.5),
+            registers: Some(32),
+            occupancy_pct: Some(100.0),
+        }],
+        provenance: Provenance {
+            agent: "heuristic".into(),
+            device: "NVIDIA H200".into(),
+            driver: "580.159.04".into(),
+            date: "2026-11-29".into(),
+            session: Some("target/kopt/runs/1/session.jsonl".into()),
+            budget: None,
+        },
+    };
+    insta::assert_snapshot!("rationale_json", r.to_json());
+    insta::assert_snapshot!("rationale_md", r.render_markdown());
+    assert_eq!(Rationale::parse(&r.to_json()).unwrap(), r, "round trip");
+}

@@ -1,0 +1,193 @@
+//! Runs every kernel through its generated launcher on the GPU and compares the outputs
+//! with the CPU references of [`crate::cpu`]. Used by `llm-kernels run` and the GPU test.
+
+use std::sync::Arc;
+
+use kopt::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use kopt::{f16, Kernel, Reason};
+use rand::SeedableRng;
+use rand_distr::{Distribution, Normal};
+
+use crate::{cpu, gqa_decode, reduce_sum, rmsnorm, softmax};
+
+pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// One comparison of a launcher's output with the CPU reference.
+#[derive(Debug)]
+pub struct Check {
+    pub kernel: &'static str,
+    pub shape: String,
+    /// Which version ran (`online-vec4 (sm_90)`, `reference (sm_90)`...).
+    pub ran: String,
+    pub max_abs: f64,
+    pub max_rel: f64,
+    /// Elements outside `atol + rtol * |want|` (NaN and Inf always count).
+    pub failing: usize,
+}
+
+pub fn normal_f32(n: usize, mean: f32, seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let d = Normal::new(mean, 1.0f32).unwrap();
+    (0..n).map(|_| d.sample(&mut rng)).collect()
+}
+
+/// Rounds through f16, so that the CPU reference sees exactly the GPU's inputs.
+fn to_f16(v: &[f32]) -> (Vec<f16>, Vec<f32>) {
+    let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+    let back = h.iter().map(|x| x.to_f32()).collect();
+    (h, back)
+}
+
+fn compare(
+    kernel: &'static str,
+    shape: String,
+    ran: String,
+    got: &[f64],
+    want: &[f64],
+    rtol: f64,
+    atol: f64,
+) -> Check {
+    let mut c = Check {
+        kernel,
+        shape,
+        ran,
+        max_abs: 0.0,
+        max_rel: 0.0,
+        failing: want.len().abs_diff(got.len()),
+    };
+    for (g, w) in got.iter().zip(want) {
+        let abs = (g - w).abs();
+        if abs.is_nan() || abs > atol + rtol * w.abs() {
+            c.failing += 1;
+        }
+        if abs.is_finite() {
+            c.max_abs = c.max_abs.max(abs);
+            c.max_rel = c.max_rel.max(abs / w.abs().max(1e-12));
+        } else {
+            c.max_abs = f64::INFINITY;
+        }
+    }
+    c
+}
+
+/// Which version runs for these arguments, in a few words.
+pub fn ran(k: &Kernel, stream: &CudaStream, args: &[i64]) -> Res<String> {
+    let s = k.explain(stream, args)?;
+    Ok(match &s.reason {
+        Reason::Accepted { .. } => format!("{} ({})", s.variant, s.arch),
+        Reason::Disabled => "reference (KOPT_DISABLE)".into(),
+        _ => format!("reference ({})", s.arch),
+    })
+}
+
+fn poisoned<T: DeviceRepr + Copy>(stream: &Arc<CudaStream>, n: usize, v: T) -> Res<CudaSlice<T>> {
+    Ok(stream.clone_htod(&vec![v; n])?)
+}
+
+/// Every kernel on a few shapes (small enough for the CPU reference), outputs poisoned
+/// with NaN first so that an unwritten element fails.
+pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
+    let mut checks = Vec::new();
+
+    for &(rows, cols) in &[(256usize, 4096usize), (16, 65536), (8, 50257), (64, 1024)] {
+        let x = normal_f32(rows * cols, 0.0, 1 + rows as u64);
+        let dx = stream.clone_htod(&x)?;
+        let mut dy = poisoned::<f32>(stream, rows * cols, f32::NAN)?;
+        softmax(stream, &dx, &mut dy, rows as u32, cols as u32)?;
+        let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|&v| v as f64).collect();
+        let ran = ran(&crate::SOFTMAX, stream, &[rows as i64, cols as i64])?;
+        checks.push(compare(
+            "softmax",
+            format!("{rows}x{cols}"),
+            ran,
+            &y,
+            &cpu::softmax(&x, rows, cols),
+            1e-4,
+            1e-6,
+        ));
+    }
+
+    for &(rows, cols) in &[(64usize, 4096usize), (3, 8192)] {
+        let (xh, x) = to_f16(&normal_f32(rows * cols, 0.0, 7));
+        let (wh, w) = to_f16(&normal_f32(cols, 1.0, 8));
+        let (dx, dw) = (stream.clone_htod(&xh)?, stream.clone_htod(&wh)?);
+        let mut dy = poisoned::<f16>(stream, rows * cols, f16::NAN)?;
+        rmsnorm(stream, &dx, &dw, &mut dy, rows as u32, cols as u32, 1e-5)?;
+        let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|v| v.to_f64()).collect();
+        let ran = ran(&crate::RMSNORM, stream, &[rows as i64, cols as i64, 0])?;
+        checks.push(compare(
+            "rmsnorm",
+            format!("{rows}x{cols}"),
+            ran,
+            &y,
+            &cpu::rmsnorm(&x, &w, rows, cols, 1e-5),
+            1e-2,
+            1e-2,
+        ));
+    }
+
+    for &n in &[1usize << 20, 1000] {
+        let x = normal_f32(n, 1.0, 11);
+        let dx = stream.clone_htod(&x)?;
+        let mut out = stream.clone_htod(&[0.5f32])?;
+        reduce_sum(stream, &dx, &mut out, n as u64)?;
+        let got = stream.clone_dtoh(&out)?[0] as f64;
+        let ran = ran(&crate::REDUCE_SUM, stream, &[n as i64])?;
+        checks.push(compare(
+            "reduce_sum",
+            format!("n={n}"),
+            ran,
+            &[got],
+            &[0.5 + cpu::sum(&x)],
+            1e-4,
+            1e-2,
+        ));
+    }
+
+    for &(b, hq, hkv, s) in &[(2usize, 8usize, 2usize, 1024usize), (1, 32, 8, 300)] {
+        let d = 128;
+        let (qh, q) = to_f16(&normal_f32(b * hq * d, 0.0, 21));
+        let (kh, k) = to_f16(&normal_f32(b * hkv * s * d, 0.0, 22));
+        let (vh, v) = to_f16(&normal_f32(b * hkv * s * d, 0.0, 23));
+        let (dq, dk, dv) = (
+            stream.clone_htod(&qh)?,
+            stream.clone_htod(&kh)?,
+            stream.clone_htod(&vh)?,
+        );
+        let mut dout = poisoned::<f16>(stream, b * hq * d, f16::NAN)?;
+        gqa_decode(
+            stream, &dq, &dk, &dv, &mut dout, b as u32, hq as u32, hkv as u32, s as u32,
+        )?;
+        let got: Vec<f64> = stream
+            .clone_dtoh(&dout)?
+            .iter()
+            .map(|v| v.to_f64())
+            .collect();
+        let ran = ran(
+            &crate::GQA_DECODE,
+            stream,
+            &[b as i64, hq as i64, hkv as i64, s as i64],
+        )?;
+        let want = cpu::gqa_decode(&q, &k, &v, b, hq, hkv, s, d);
+        checks.push(compare(
+            "gqa_decode",
+            format!("b={b} hq={hq} hkv={hkv} s={s}"),
+            ran,
+            &got,
+            &want,
+            1e-2,
+            1e-2,
+        ));
+    }
+    Ok(checks)
+}
+
+/// A buffer shorter than the spec says is refused before anything is launched.
+pub fn short_buffer_is_refused(stream: &Arc<CudaStream>) -> Res<bool> {
+    let short = stream.alloc_zeros::<f32>(10)?;
+    let mut y = stream.alloc_zeros::<f32>(4096)?;
+    Ok(matches!(
+        softmax(stream, &short, &mut y, 1, 4096),
+        Err(kopt::Error::BufferTooShort { .. })
+    ))
+}

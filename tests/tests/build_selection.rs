@@ -1,0 +1,130 @@
+//! End to end, without a GPU: what the build of the example crate embeds and selects as
+//! its committed files change. Builds a scratch copy of the example several times.
+
+use cargo_kopt::{commands, gather};
+use kopt_tests::{text, ExampleWorkspace};
+
+/// Builds the copy (incrementally) and asks its binary which version runs per shape.
+fn explain(ws: &ExampleWorkspace) -> String {
+    let out = ws.cargo(&[
+        "run",
+        "-q",
+        "-p",
+        "llm-kernels",
+        "--",
+        "explain",
+        "--arch",
+        "sm_90",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs the last-built binary without building.
+fn explain_built(arch: &str, env: &[(&str, &str)]) -> String {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| kopt_tests::repo_root().join("target"));
+    let out = std::process::Command::new(target.join("kopt-e2e/debug/llm-kernels"))
+        .args(["explain", "--arch", arch])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn softmax_line<'a>(out: &'a str, shape: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with("softmax") && l.contains(shape))
+        .unwrap_or_else(|| panic!("no softmax line for {shape} in\n{out}"))
+}
+
+#[test]
+fn the_build_follows_the_committed_files() {
+    let ws = ExampleWorkspace::new();
+
+    // The shipped variant runs where its region holds, the reference elsewhere.
+    let out = explain(&ws);
+    assert!(
+        softmax_line(&out, "cols=4096 rows=4096")
+            .contains("variant `online-vec4` (accepted for sm_90 where `cols % 4 == 0`)"),
+        "{out}"
+    );
+    assert!(
+        softmax_line(&out, "cols=50257")
+            .contains("reference on sm_90 (`online-vec4` claims only `cols % 4 == 0`)"),
+        "{out}"
+    );
+    assert!(out
+        .lines()
+        .filter(|l| l.starts_with("rmsnorm"))
+        .all(|l| l.contains("no accepted variant for sm_90")));
+    // On another architecture, the reference.
+    let out = explain_built("sm_80", &[]);
+    assert!(
+        softmax_line(&out, "cols=4096 rows=4096").contains("no accepted variant for sm_80"),
+        "{out}"
+    );
+
+    // KOPT_DISABLE=1 forces the reference without a rebuild.
+    let out = explain_built("sm_90", &[("KOPT_DISABLE", "1")]);
+    assert!(
+        softmax_line(&out, "cols=4096 rows=4096").contains("reference (KOPT_DISABLE is set)"),
+        "{out}"
+    );
+
+    // A corrupted variant source: the build falls back to the reference and says why.
+    let src = "kopt/softmax/online-vec4/kernel.cu";
+    let pristine = ws.read(src);
+    ws.write(src, &pristine.replace("__expf(v.x - m) * inv", "0.0f"));
+    let out = explain(&ws);
+    assert!(
+        softmax_line(&out, "cols=4096 rows=4096").contains(
+            "`online-vec4` is corrupt: kernel.cu does not match the hash in the lock file"
+        ),
+        "{out}"
+    );
+    ws.write(src, &pristine);
+
+    // An edited include of the reference makes the variant stale.
+    let inc = "kernels/common.cuh";
+    let pristine_inc = ws.read(inc);
+    ws.write(
+        inc,
+        &format!("{pristine_inc}\n// a comment is a change too\n"),
+    );
+    let out = explain(&ws);
+    assert!(
+        softmax_line(&out, "cols=4096 rows=4096").contains(
+            "`online-vec4` is stale: the reference source (or one of its includes) changed"
+        ),
+        "{out}"
+    );
+    ws.write(inc, &pristine_inc);
+    let out = explain(&ws);
+    assert!(
+        softmax_line(&out, "cols=4096 rows=4096").contains("variant `online-vec4`"),
+        "restored: {out}"
+    );
+
+    // First creation of a lock file: the build did not read it before, yet picks it up.
+    std::fs::remove_file(ws.path("kopt/softmax/kopt.lock")).unwrap();
+    let out = explain(&ws);
+    assert!(
+        softmax_line(&out, "cols=4096 rows=4096").contains("no accepted variant for sm_90"),
+        "{out}"
+    );
+    let g = gather::gather(&gather::Selection {
+        manifest_path: Some(ws.manifest()),
+        ..Default::default()
+    })
+    .unwrap();
+    let k = commands::find(&g, "softmax").unwrap();
+    commands::pin(k, "online-vec4", "sm_90", Some("cols % 4 == 0")).unwrap();
+    let out = explain(&ws);
+    assert!(
+        softmax_line(&out, "cols=4096 rows=4096").contains("variant `online-vec4`"),
+        "after pin: {out}"
+    );
+}

@@ -1,0 +1,7 @@
+#![allow(unused_imports)]
+use kopt::prelude::*;
+
+#[kopt::kernel(reference = "kernels/k.cu", x: [n], y: [n], grid = n, block = 1, block = 2, shapes = [{ n: 4 }])]
+pub fn k(stream: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: u32);
+
+fn main() {}
