@@ -52,6 +52,8 @@ pub struct Gathered {
     pub errors: Vec<AnnotationError>,
     /// The packages that were searched (those depending on kopt).
     pub packages: Vec<Package>,
+    /// The workspace's target folder; kopt keeps its runs and caches in `kopt/` under it.
+    pub target_dir: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +82,10 @@ pub fn gather(sel: &Selection) -> Result<Gathered, GatherError> {
             return Err(GatherError::UnknownPackage(p.clone()));
         }
     }
-    let mut out = Gathered::default();
+    let mut out = Gathered {
+        target_dir: meta.target_directory.as_std_path().to_path_buf(),
+        ..Gathered::default()
+    };
     let mut selected: Vec<&cargo_metadata::Package> = members
         .into_iter()
         .filter(|p| sel.packages.is_empty() || sel.packages.iter().any(|s| s == p.name.as_str()))
@@ -105,6 +110,26 @@ pub fn gather(sel: &Selection) -> Result<Gathered, GatherError> {
         });
     }
     Ok(out)
+}
+
+/// Gathers one crate from its folder (its `src/`), without `cargo metadata`: for machines
+/// that have the sources but no cargo (a GPU runner), and for tests.
+pub fn gather_crate(package: &str, root: &Path, target_dir: &Path) -> Gathered {
+    let mut out = Gathered {
+        target_dir: target_dir.to_path_buf(),
+        ..Gathered::default()
+    };
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    files.sort();
+    for file in files {
+        gather_file(package, root, &file, &mut out);
+    }
+    out.packages.push(Package {
+        name: package.to_string(),
+        root: root.to_path_buf(),
+    });
+    out
 }
 
 fn gather_package(name: &str, root: &Path, targets: &[cargo_metadata::Target], out: &mut Gathered) {

@@ -8,7 +8,9 @@ use anstyle::{AnsiColor, Style};
 use cargo_kopt::commands::{self, Edit};
 use cargo_kopt::gather::{self, Gathered, Selection};
 use cargo_kopt::table::Table;
+use cargo_kopt::{eval, render};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use kopt_engine::worker::WorkerKind;
 
 #[derive(Parser)]
 #[command(name = "cargo", bin_name = "cargo", styles = clap::builder::Styles::styled())]
@@ -86,10 +88,100 @@ enum Command {
         #[arg(long)]
         arch: Option<String>,
     },
+    // --- evaluation engine commands (issue 3)
+    /// Re-verify every accepted variant on this GPU: numerics on fresh inputs, held-out
+    /// shapes, anti-cheat checks, the performance watchdog, compute-sanitizer.
+    Verify {
+        /// Kernels to verify (default: all).
+        kernels: Vec<String>,
+        #[command(flatten)]
+        eval: EvalArgs,
+        /// Skip compute-sanitizer.
+        #[arg(long)]
+        no_sanitize: bool,
+    },
+    /// Time the reference and the active variant of each kernel on each declared shape.
+    Bench {
+        kernels: Vec<String>,
+        #[command(flatten)]
+        eval: EvalArgs,
+    },
+    /// List the GPUs with their measured ceilings.
+    Devices {
+        /// Measure the ceilings again instead of using the cached ones.
+        #[arg(long)]
+        refresh: bool,
+    },
+    /// Print the evaluation job (checks only) of a kernel's shape, as the worker reads it:
+    /// for running the worker by hand under a profiler or sanitizer.
+    #[command(name = "__job", hide = true)]
+    Job {
+        kernel: String,
+        /// Index of the declared shape.
+        #[arg(long, default_value_t = 0)]
+        shape: usize,
+        /// A committed variant to use as the candidate (default: the reference).
+        #[arg(long)]
+        variant: Option<String>,
+    },
+    /// The evaluation worker (started by kopt itself).
+    #[command(name = "__worker", hide = true)]
+    Worker {
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        #[arg(long)]
+        fake: bool,
+        #[arg(long)]
+        oneshot: Option<PathBuf>,
+    },
+}
+
+#[derive(Args, Clone)]
+struct EvalArgs {
+    /// GPU ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Measure again even when an identical evaluation is cached.
+    #[arg(long)]
+    no_cache: bool,
+    /// Tolerated slowdown against the best, percent.
+    #[arg(long, default_value_t = 3.0)]
+    threshold: f64,
+    /// Seconds without progress after which a kernel counts as hung.
+    #[arg(long, default_value_t = 30)]
+    step_timeout: u64,
+}
+
+impl EvalArgs {
+    fn settings(&self) -> eval::Settings {
+        eval::Settings {
+            threshold: self.threshold / 100.0,
+            use_cache: !self.no_cache,
+            device: self.device,
+            ..eval::Settings::default()
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let Cargo::Kopt(cli) = Cargo::parse();
+    if let Command::Worker {
+        device,
+        fake,
+        oneshot,
+    } = &cli.command
+    {
+        let kind = if *fake {
+            WorkerKind::Fake
+        } else {
+            WorkerKind::Cuda { device: *device }
+        };
+        let code = match oneshot {
+            Some(job) => kopt_engine::worker::oneshot(kind, job),
+            None => kopt_engine::worker::serve(kind),
+        };
+        return ExitCode::from(code as u8);
+    }
     match cli.global.color {
         ColorChoice::Always => anstream::ColorChoice::Always.write_global(),
         ColorChoice::Never => anstream::ColorChoice::Never.write_global(),
@@ -163,7 +255,157 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             report_edit(&edit, json);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Verify {
+            kernels,
+            eval: args,
+            no_sanitize,
+        } => {
+            check_names(&gathered, &kernels)?;
+            let mut settings = args.settings();
+            settings.sanitize = !no_sanitize;
+            let mut engine = eval::engine(&gathered, &settings)?;
+            engine.worker.step_timeout = std::time::Duration::from_secs(args.step_timeout);
+            let bar = progress_bar(json);
+            let (device, ceilings, outcomes) =
+                eval::verify(&gathered, &kernels, &mut engine, &settings, &mut |m| {
+                    bar.set_message(m.to_string())
+                })
+                .map_err(|e| e.to_string())?;
+            bar.finish_and_clear();
+            let ok = outcomes.iter().all(|o| o.passed());
+            if json {
+                print_json(
+                    &serde_json::json!({ "device": device, "ceilings": ceilings, "ok": ok, "variants": outcomes }),
+                );
+            } else {
+                render::verify(&device, ceilings.as_ref(), &outcomes);
+            }
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::Bench {
+            kernels,
+            eval: args,
+        } => {
+            check_names(&gathered, &kernels)?;
+            let settings = args.settings();
+            let mut engine = eval::engine(&gathered, &settings)?;
+            engine.worker.step_timeout = std::time::Duration::from_secs(args.step_timeout);
+            let bar = progress_bar(json);
+            let (device, ceilings, rows) =
+                eval::bench(&gathered, &kernels, &mut engine, &settings, &mut |m| {
+                    bar.set_message(m.to_string())
+                })
+                .map_err(|e| e.to_string())?;
+            bar.finish_and_clear();
+            if json {
+                print_json(
+                    &serde_json::json!({ "device": device, "ceilings": ceilings, "rows": rows }),
+                );
+            } else {
+                render::bench(&device, ceilings.as_ref(), &rows);
+            }
+            Ok(if rows.iter().any(|r| r.problem.is_some()) {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Devices { refresh } => {
+            let settings = eval::Settings::default();
+            let count = if std::env::var("KOPT_WORKER").as_deref() == Ok("fake") {
+                1
+            } else {
+                if let Some(why) = kopt::gpu::missing() {
+                    return Err(why);
+                }
+                kopt::cudarc::driver::CudaContext::device_count().map_err(|e| format!("{e:?}"))?
+                    as usize
+            };
+            let mut list = Vec::new();
+            for d in 0..count {
+                let mut engine = eval::engine(
+                    &gathered,
+                    &eval::Settings {
+                        device: d,
+                        ..settings.clone()
+                    },
+                )?;
+                let info = engine.device().map_err(|e| e.to_string())?;
+                let c = engine.ceilings(refresh).map_err(|e| e.to_string())?;
+                list.push((info, c));
+            }
+            if json {
+                print_json(
+                    &list
+                        .iter()
+                        .map(|(d, c)| serde_json::json!({ "device": d, "ceilings": c }))
+                        .collect::<Vec<_>>(),
+                );
+            } else {
+                render::devices(&list);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Job {
+            kernel,
+            shape,
+            variant,
+        } => {
+            let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
+            let candidate = match &variant {
+                None => kopt_engine::job::KernelVersion::reference(&k.spec, &k.reference.text),
+                Some(v) => {
+                    let e = k
+                        .state
+                        .entries
+                        .iter()
+                        .find(|e| &e.entry.variant == v)
+                        .ok_or(format!("`{kernel}` has no accepted variant `{v}`"))?;
+                    let u = e.status.as_ref().map_err(|why| why.describe())?;
+                    eval::version(u)
+                }
+            };
+            let settings = eval::Settings {
+                held_out_per_shape: 0,
+                ..eval::Settings::default()
+            };
+            let mut job = eval::job(&gathered, k, candidate, None, &settings, false);
+            let label = k
+                .spec
+                .shapes
+                .get(shape)
+                .map(kopt_spec::spec::shape_label)
+                .ok_or(format!("`{kernel}` has {} shapes", k.spec.shapes.len()))?;
+            job.shapes.retain(|s| s.label == label);
+            print_json(&job);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Worker { .. } => unreachable!("handled before gathering"),
     }
+}
+
+fn check_names(g: &Gathered, names: &[String]) -> Result<(), String> {
+    for n in names {
+        commands::find(g, n).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn progress_bar(json: bool) -> indicatif::ProgressBar {
+    if json {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}")
+            .expect("valid template"),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
 }
 
 fn print_json<T: serde::Serialize>(v: &T) {

@@ -1,0 +1,342 @@
+//! `verify` and `bench`: gathered kernels turned into evaluation jobs, run through the
+//! engine, judged.
+
+use std::path::PathBuf;
+
+use kopt_engine::engine::{base_seed, seed_salt, Engine};
+use kopt_engine::job::{
+    held_out_shapes, shape_bytes, EvalJob, KernelVersion, Seeds, ShapeCase, TimingPolicy,
+};
+use kopt_engine::parent::{WorkerCommand, WorkerFailure};
+use kopt_engine::protocol::{Ceilings, DeviceInfo};
+use kopt_engine::sanitizer::{self, SanitizerResult};
+use kopt_engine::verdict::{Judge, Verdict};
+use kopt_spec::expr::Expr;
+use kopt_spec::spec::Shape;
+use kopt_spec::store::{self, UsableVariant};
+use serde::Serialize;
+
+use crate::gather::{Gathered, Kernel};
+
+/// Knobs shared by `verify` and `bench`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub timing: TimingPolicy,
+    /// Tolerated slowdown against the best (0.03 = 3%).
+    pub threshold: f64,
+    pub held_out_per_shape: usize,
+    pub sanitize: bool,
+    pub use_cache: bool,
+    pub device: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            timing: TimingPolicy::default(),
+            threshold: 0.03,
+            held_out_per_shape: 1,
+            sanitize: true,
+            use_cache: true,
+            device: 0,
+        }
+    }
+}
+
+/// `<target>/kopt`: runs, caches, the seed salt.
+pub fn kopt_dir(g: &Gathered) -> PathBuf {
+    g.target_dir.join("kopt")
+}
+
+/// The worker to use: the fake device when `KOPT_WORKER=fake` (tests, demos without a
+/// GPU), else CUDA device `device` through this very binary.
+pub fn worker_command(device: usize) -> Result<WorkerCommand, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate cargo-kopt: {e}"))?;
+    if std::env::var("KOPT_WORKER").as_deref() == Ok("fake") {
+        return Ok(WorkerCommand::fake(exe));
+    }
+    if let Some(why) = kopt::gpu::missing() {
+        return Err(why);
+    }
+    Ok(WorkerCommand::cuda(exe, device))
+}
+
+pub fn engine(g: &Gathered, settings: &Settings) -> Result<Engine, String> {
+    let cmd = worker_command(settings.device)?;
+    let cache = settings.use_cache.then(|| kopt_dir(g).join("cache/eval"));
+    Ok(Engine::new(
+        cmd,
+        cache,
+        kopt_engine::ceilings::CeilingsCache::default_location(),
+    ))
+}
+
+/// A job: `candidate` against the kernel's reference on the declared shapes inside
+/// `region`, plus held-out shapes inside it.
+pub fn job(
+    g: &Gathered,
+    k: &Kernel,
+    candidate: KernelVersion,
+    region: Option<&Expr>,
+    settings: &Settings,
+    timed: bool,
+) -> EvalJob {
+    let reference = KernelVersion::reference(&k.spec, &k.reference.text);
+    let inside = |s: &Shape| match region {
+        None => true,
+        Some(r) => {
+            k.spec
+                .compile_expr(r, &Default::default())
+                .ok()
+                .and_then(|p| kopt_spec::expr::eval(&p, &k.spec.shape_args(s)).ok())
+                == Some(1)
+        }
+    };
+    let mut shapes: Vec<ShapeCase> = k
+        .spec
+        .shapes
+        .iter()
+        .filter(|s| inside(s))
+        .map(ShapeCase::declared)
+        .collect();
+    let salt = seed_salt(&kopt_dir(g));
+    let max_bytes = k
+        .spec
+        .shapes
+        .iter()
+        .map(|s| shape_bytes(&k.spec, &k.spec.shape_args(s)))
+        .max()
+        .unwrap_or(0)
+        * 2;
+    shapes.extend(held_out_shapes(
+        &k.spec,
+        region,
+        salt ^ 0x5EED,
+        settings.held_out_per_shape,
+        max_bytes,
+    ));
+    let spec_json = k.spec.canonical_json();
+    let base = base_seed(
+        salt,
+        &[
+            &spec_json,
+            &reference.source,
+            &candidate.source,
+            &candidate.compile_options().join(" "),
+        ],
+    );
+    EvalJob {
+        spec: k.spec.clone(),
+        reference,
+        candidate,
+        shapes,
+        seeds: Seeds::from_base(base),
+        timing: timed.then(|| settings.timing.clone()),
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct VerifyOutcome {
+    pub package: String,
+    pub kernel: String,
+    pub variant: String,
+    pub arch: String,
+    pub cached: bool,
+    pub verdict: Option<Verdict>,
+    pub sanitizer: Vec<SanitizerResult>,
+    /// Why it was not verified here (another architecture).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
+impl VerifyOutcome {
+    pub fn passed(&self) -> bool {
+        self.skipped.is_some()
+            || (self.verdict.as_ref().is_some_and(|v| v.accepted)
+                && !self.sanitizer.iter().any(|s| s.is_error()))
+    }
+}
+
+/// Re-verifies every usable accepted variant of the selected kernels (numerics,
+/// anti-cheat, watchdog against the reference), on the device's architecture.
+pub fn verify(
+    g: &Gathered,
+    kernels: &[String],
+    engine: &mut Engine,
+    settings: &Settings,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(DeviceInfo, Option<Ceilings>, Vec<VerifyOutcome>), WorkerFailure> {
+    let device = engine.device()?;
+    let ceilings = engine.ceilings(false).ok();
+    let mut judge = Judge::new(ceilings.clone());
+    judge.threshold = settings.threshold;
+    let mut out = Vec::new();
+    for k in g
+        .kernels
+        .iter()
+        .filter(|k| kernels.is_empty() || kernels.contains(&k.spec.name))
+    {
+        for e in &k.state.entries {
+            let Ok(usable) = &e.status else { continue };
+            let mut o = VerifyOutcome {
+                package: k.package.clone(),
+                kernel: k.spec.name.clone(),
+                variant: e.entry.variant.clone(),
+                arch: e.entry.arch.clone(),
+                cached: false,
+                verdict: None,
+                sanitizer: vec![],
+                skipped: None,
+            };
+            if e.entry.arch != device.arch {
+                o.skipped = Some(format!(
+                    "accepted for {}, this device is {}",
+                    e.entry.arch, device.arch
+                ));
+                out.push(o);
+                continue;
+            }
+            progress(&format!("{}/{}", k.spec.name, e.entry.variant));
+            let job = job(
+                g,
+                k,
+                version(usable),
+                usable.region.as_ref(),
+                settings,
+                true,
+            );
+            let ev = engine.evaluate(&job, progress);
+            let verdict = judge.judge(&ev.report);
+            o.cached = ev.cached;
+            if verdict.accepted && settings.sanitize && !engine.worker.command().is_fake() {
+                let scratch = kopt_dir(g).join("sanitizer").join(&k.spec.name);
+                for tool in ["memcheck", "racecheck"] {
+                    progress(&format!(
+                        "{}/{}: compute-sanitizer {tool}",
+                        k.spec.name, e.entry.variant
+                    ));
+                    o.sanitizer.push(sanitizer::run(
+                        engine.worker.command(),
+                        &job,
+                        tool,
+                        &scratch,
+                    ));
+                }
+            }
+            o.verdict = Some(verdict);
+            out.push(o);
+        }
+    }
+    Ok((device, ceilings, out))
+}
+
+pub fn version(u: &UsableVariant) -> KernelVersion {
+    KernelVersion::variant(&u.variant, &u.source)
+}
+
+/// One row of `cargo kopt bench`.
+#[derive(Debug, Serialize)]
+pub struct BenchRow {
+    pub package: String,
+    pub kernel: String,
+    pub shape: String,
+    /// The version that runs on this device for this shape.
+    pub active: String,
+    pub reference_us: Option<f64>,
+    pub active_us: Option<f64>,
+    pub speedup: Option<f64>,
+    pub copy_bandwidth_pct: Option<f64>,
+    pub reference_copy_bandwidth_pct: Option<f64>,
+    pub flops_pct: Option<f64>,
+    pub spread: Option<f64>,
+    pub method: Option<String>,
+    pub cached: bool,
+    /// Set when the measurement itself failed (the active version did not pass).
+    pub problem: Option<String>,
+}
+
+/// Times the reference and the active version of each declared shape.
+pub fn bench(
+    g: &Gathered,
+    kernels: &[String],
+    engine: &mut Engine,
+    settings: &Settings,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(DeviceInfo, Option<Ceilings>, Vec<BenchRow>), WorkerFailure> {
+    let device = engine.device()?;
+    let ceilings = engine.ceilings(false).ok();
+    let judge = Judge::new(ceilings.clone());
+    let mut rows = Vec::new();
+    let bench_settings = Settings {
+        held_out_per_shape: 0,
+        ..settings.clone()
+    };
+    for k in g
+        .kernels
+        .iter()
+        .filter(|k| kernels.is_empty() || kernels.contains(&k.spec.name))
+    {
+        // Group the declared shapes by the version that runs them.
+        let mut groups: Vec<(String, KernelVersion, Vec<String>)> = Vec::new();
+        for s in &k.spec.shapes {
+            let args = k.spec.shape_args(s);
+            let (id, v) = match store::select(&k.state, &k.spec, &device.arch, &args) {
+                Some((e, u)) => (e.variant.clone(), version(u)),
+                None => (
+                    "reference".to_string(),
+                    KernelVersion::reference(&k.spec, &k.reference.text),
+                ),
+            };
+            let label = kopt_spec::spec::shape_label(s);
+            match groups.iter_mut().find(|(gid, _, _)| *gid == id) {
+                Some(gr) => gr.2.push(label),
+                None => groups.push((id, v, vec![label])),
+            }
+        }
+        for (id, v, labels) in groups {
+            progress(&format!("{} ({id})", k.spec.name));
+            let mut j = job(g, k, v, None, &bench_settings, true);
+            j.shapes.retain(|s| labels.contains(&s.label));
+            let ev = engine.evaluate(&j, progress);
+            let verdict = judge.judge(&ev.report);
+            let problem = (!verdict.accepted).then(|| verdict.summary());
+            for f in &verdict.shapes {
+                rows.push(BenchRow {
+                    package: k.package.clone(),
+                    kernel: k.spec.name.clone(),
+                    shape: f.shape.clone(),
+                    active: id.clone(),
+                    reference_us: f.reference_us,
+                    active_us: f.candidate_us,
+                    speedup: f.speedup,
+                    copy_bandwidth_pct: f.copy_bandwidth_pct,
+                    reference_copy_bandwidth_pct: f.reference_copy_bandwidth_pct,
+                    flops_pct: f.flops_pct,
+                    spread: f.spread,
+                    method: f.method.clone(),
+                    cached: ev.cached,
+                    problem: problem.clone(),
+                });
+            }
+            if verdict.shapes.is_empty() {
+                rows.push(BenchRow {
+                    package: k.package.clone(),
+                    kernel: k.spec.name.clone(),
+                    shape: labels.join(", "),
+                    active: id.clone(),
+                    reference_us: None,
+                    active_us: None,
+                    speedup: None,
+                    copy_bandwidth_pct: None,
+                    reference_copy_bandwidth_pct: None,
+                    flops_pct: None,
+                    spread: None,
+                    method: None,
+                    cached: ev.cached,
+                    problem: Some(verdict.summary()),
+                });
+            }
+        }
+    }
+    Ok((device, ceilings, rows))
+}

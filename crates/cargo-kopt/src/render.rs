@@ -1,0 +1,257 @@
+//! Tables of the evaluation commands, for people.
+
+use std::io::Write;
+
+use anstyle::{AnsiColor, Style};
+use kopt_engine::protocol::{Ceilings, DeviceInfo};
+
+use crate::eval::{BenchRow, VerifyOutcome};
+use crate::table::Table;
+
+fn style(c: AnsiColor) -> Style {
+    Style::new().fg_color(Some(c.into()))
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.filter(|x| x.is_finite())
+        .map(f)
+        .unwrap_or_else(|| "–".into())
+}
+
+fn device_line(d: &DeviceInfo, c: Option<&Ceilings>) -> String {
+    let ceil = match c {
+        Some(c) => format!(
+            "copy {:.0} GB/s, bf16 matmul {}",
+            c.copy_gbs,
+            opt(c.matmul_bf16_tflops, |v| format!("{v:.0} TFLOP/s"))
+        ),
+        None => "ceilings not measured".into(),
+    };
+    format!(
+        "{} ({}, {} SMs, driver API {}.{}): {ceil}",
+        d.name,
+        d.arch,
+        d.multiprocessors,
+        d.driver_api / 1000,
+        (d.driver_api % 1000) / 10
+    )
+}
+
+pub fn devices(list: &[(DeviceInfo, Ceilings)]) {
+    let mut t = Table::new(&[
+        "#",
+        "name",
+        "arch",
+        "SMs",
+        "L2",
+        "memory",
+        "copy GB/s",
+        "bf16 TF/s",
+        "f16 TF/s",
+        "f32 TF/s",
+    ]);
+    for (d, c) in list {
+        t.row(vec![
+            (d.ordinal.to_string(), Style::new()),
+            (d.name.clone(), Style::new().bold()),
+            (d.arch.clone(), Style::new()),
+            (d.multiprocessors.to_string(), Style::new()),
+            (format!("{} MiB", d.l2_bytes >> 20), Style::new()),
+            (format!("{} GiB", d.memory_bytes >> 30), Style::new()),
+            (format!("{:.0}", c.copy_gbs), Style::new()),
+            (
+                opt(c.matmul_bf16_tflops, |v| format!("{v:.0}")),
+                Style::new(),
+            ),
+            (
+                opt(c.matmul_f16_tflops, |v| format!("{v:.0}")),
+                Style::new(),
+            ),
+            (
+                opt(c.matmul_f32_tflops, |v| format!("{v:.1}")),
+                Style::new(),
+            ),
+        ]);
+    }
+    let mut out = anstream::stdout();
+    let _ = write!(out, "{}", t.render());
+    if let Some((_, c)) = list.first() {
+        let _ = writeln!(out, "{}", c.method);
+    }
+}
+
+pub fn verify(d: &DeviceInfo, c: Option<&Ceilings>, outcomes: &[VerifyOutcome]) {
+    let mut out = anstream::stdout();
+    let _ = writeln!(out, "{}\n", device_line(d, c));
+    if outcomes.is_empty() {
+        let _ = writeln!(out, "no accepted variant to verify");
+        return;
+    }
+    for o in outcomes {
+        let head = format!("{}/{} ({})", o.kernel, o.variant, o.arch);
+        if let Some(why) = &o.skipped {
+            let _ = writeln!(
+                out,
+                "{}skipped{:#} {head}: {why}",
+                style(AnsiColor::Yellow),
+                style(AnsiColor::Yellow)
+            );
+            continue;
+        }
+        let Some(v) = &o.verdict else { continue };
+        let ok = o.passed();
+        let (word, st) = if ok {
+            ("passed", style(AnsiColor::Green))
+        } else {
+            ("FAILED", style(AnsiColor::Red).bold())
+        };
+        let _ = writeln!(
+            out,
+            "{st}{word}{st:#} {head}{}",
+            if o.cached { " (cached)" } else { "" }
+        );
+        let mut t = Table::new(&[
+            "shape",
+            "reference µs",
+            "variant µs",
+            "speedup",
+            "% copy bw",
+            "max rel err",
+            "spread",
+            "timing",
+        ]);
+        for s in &v.shapes {
+            t.row(vec![
+                (
+                    s.shape.clone(),
+                    if s.held_out {
+                        Style::new().dimmed()
+                    } else {
+                        Style::new()
+                    },
+                ),
+                (opt(s.reference_us, |x| format!("{x:.2}")), Style::new()),
+                (opt(s.candidate_us, |x| format!("{x:.2}")), Style::new()),
+                (opt(s.speedup, |x| format!("{x:.2}x")), Style::new()),
+                (
+                    opt(s.copy_bandwidth_pct, |x| format!("{x:.1}%")),
+                    Style::new(),
+                ),
+                (format!("{:.1e}", s.max_rel_error), Style::new()),
+                (
+                    opt(s.spread, |x| format!("{:.1}%", 100.0 * x)),
+                    Style::new(),
+                ),
+                (
+                    s.method.clone().unwrap_or_else(|| "checked only".into()),
+                    Style::new().dimmed(),
+                ),
+            ]);
+        }
+        let _ = write!(out, "{}", indent(&t.render()));
+        for f in &v.failures {
+            let _ = writeln!(
+                out,
+                "  {}{}{:#}{}: {}",
+                style(AnsiColor::Red),
+                f.fence.name(),
+                style(AnsiColor::Red),
+                f.shape
+                    .as_ref()
+                    .map(|s| format!(" [{s}]"))
+                    .unwrap_or_default(),
+                f.message
+            );
+        }
+        for n in &v.notes {
+            let _ = writeln!(out, "  note: {n}");
+        }
+        for o in &v.outliers {
+            let _ = writeln!(
+                out,
+                "  outlier: {} took {:.2} µs where the other shapes predict {:.2} µs",
+                o.shape, o.measured_us, o.expected_us
+            );
+        }
+        for s in &o.sanitizer {
+            let _ = writeln!(
+                out,
+                "  compute-sanitizer: {}",
+                match s {
+                    kopt_engine::sanitizer::SanitizerResult::Clean { tool } =>
+                        format!("{tool}: clean"),
+                    kopt_engine::sanitizer::SanitizerResult::Errors {
+                        tool,
+                        count,
+                        excerpt,
+                    } => format!("{tool}: {count} error(s)\n{excerpt}"),
+                    kopt_engine::sanitizer::SanitizerResult::Skipped { tool, reason } =>
+                        format!("{tool}: skipped ({reason})"),
+                }
+            );
+        }
+        let _ = writeln!(out);
+    }
+}
+
+pub fn bench(d: &DeviceInfo, c: Option<&Ceilings>, rows: &[BenchRow]) {
+    let mut out = anstream::stdout();
+    let _ = writeln!(out, "{}\n", device_line(d, c));
+    let mut t = Table::new(&[
+        "kernel",
+        "shape",
+        "active",
+        "reference µs",
+        "active µs",
+        "speedup",
+        "% copy bw",
+        "% peak FLOP/s",
+        "spread",
+    ]);
+    for r in rows {
+        let sp = r.speedup.unwrap_or(1.0);
+        let st = if r.problem.is_some() {
+            style(AnsiColor::Red)
+        } else if sp > 1.03 {
+            style(AnsiColor::Green)
+        } else {
+            Style::new()
+        };
+        t.row(vec![
+            (r.kernel.clone(), Style::new().bold()),
+            (r.shape.clone(), Style::new()),
+            (r.active.clone(), Style::new()),
+            (opt(r.reference_us, |x| format!("{x:.2}")), Style::new()),
+            (opt(r.active_us, |x| format!("{x:.2}")), Style::new()),
+            (opt(r.speedup, |x| format!("{x:.2}x")), st),
+            (
+                opt(r.copy_bandwidth_pct, |x| format!("{x:.1}%")),
+                Style::new(),
+            ),
+            (opt(r.flops_pct, |x| format!("{x:.2}%")), Style::new()),
+            (
+                opt(r.spread, |x| format!("{:.1}%", 100.0 * x)),
+                Style::new(),
+            ),
+        ]);
+    }
+    let _ = write!(out, "{}", t.render());
+    for r in rows.iter().filter(|r| r.problem.is_some()) {
+        let _ = writeln!(
+            out,
+            "{}{} [{}]: {}{:#}",
+            style(AnsiColor::Red),
+            r.kernel,
+            r.shape,
+            r.problem.as_deref().unwrap_or(""),
+            style(AnsiColor::Red)
+        );
+    }
+    if let Some(m) = rows.iter().find_map(|r| r.method.clone()) {
+        let _ = writeln!(out, "timing: median per launch ({m}); % copy bw: ideal bytes / time against the measured device-to-device copy");
+    }
+}
+
+fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("  {l}\n")).collect()
+}

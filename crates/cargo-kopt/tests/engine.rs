@@ -1,0 +1,318 @@
+//! The evaluation engine against the fake worker: a real worker process speaking the real
+//! protocol, with a fake device whose behaviour the candidate's source directs.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use cargo_kopt::eval::{self, Settings};
+use cargo_kopt::gather::{self, Gathered};
+use kopt_engine::engine::Engine;
+use kopt_engine::job::{EvalJob, KernelVersion};
+use kopt_engine::parent::WorkerCommand;
+use kopt_engine::verdict::{Fence, Judge, Verdict};
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cargo-kopt"))
+}
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/llm-kernels")
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    g: Gathered,
+    engine: Engine,
+}
+
+fn fixture(cache: bool) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let g = gather::gather_crate("llm-kernels", &example(), dir.path());
+    let mut engine = Engine::new(
+        WorkerCommand::fake(exe()),
+        cache.then(|| dir.path().join("cache")),
+        kopt_engine::ceilings::CeilingsCache::at(dir.path().join("ceilings.json")),
+    );
+    engine.worker.step_timeout = Duration::from_secs(2);
+    Fixture {
+        _dir: dir,
+        g,
+        engine,
+    }
+}
+
+/// The softmax reference with fake directives appended.
+fn candidate(f: &Fixture, directives: &str) -> EvalJob {
+    let k =
+        f.g.kernels
+            .iter()
+            .find(|k| k.spec.name == "softmax")
+            .unwrap();
+    let mut v = KernelVersion::reference(&k.spec, &k.reference.text);
+    v.id = "candidate".into();
+    v.source = format!("{}\n{directives}\n", k.reference.text);
+    eval::job(&f.g, k, v, None, &Settings::default(), true)
+}
+
+fn judge(f: &mut Fixture, job: &EvalJob) -> Verdict {
+    let ceilings = f.engine.ceilings(false).unwrap();
+    let ev = f.engine.evaluate(job, &mut |_| {});
+    Judge::new(Some(ceilings)).judge(&ev.report)
+}
+
+fn check(f: &mut Fixture, directives: &str) -> Verdict {
+    let job = candidate(f, directives);
+    judge(f, &job)
+}
+
+#[test]
+fn a_plain_candidate_is_accepted_with_figures_and_held_out_shapes() {
+    let mut f = fixture(false);
+    let job = candidate(&f, "");
+    assert!(
+        job.shapes.iter().any(|s| s.held_out),
+        "held-out shapes are added"
+    );
+    assert!(job.shapes.iter().filter(|s| !s.held_out).count() == 4);
+    let v = judge(&mut f, &job);
+    assert!(v.accepted, "{}", v.summary());
+    let declared = v.shapes.iter().find(|s| !s.held_out).unwrap();
+    assert!(declared.speedup.is_some() && declared.copy_bandwidth_pct.is_some());
+    assert!(
+        v.shapes
+            .iter()
+            .filter(|s| s.held_out)
+            .all(|s| s.candidate_us.is_none()),
+        "held-out shapes are checked, not timed"
+    );
+}
+
+#[test]
+fn each_fence_rejects_its_failure() {
+    let mut f = fixture(false);
+    let cases: &[(&str, Fence, &str)] = &[
+        (
+            "// kopt-fake: compile-error expected a ';'",
+            Fence::Compile,
+            "error: expected a ';'",
+        ),
+        (
+            "// kopt-fake: wrong y 7",
+            Fence::Numerics,
+            "first at index 7",
+        ),
+        ("// kopt-fake: nan y", Fence::Numerics, "NaN/Inf"),
+        (
+            "// kopt-fake: wrong-held-out y",
+            Fence::HeldOut,
+            "(held out)",
+        ),
+        (
+            "// kopt-fake: wrong-after-timing",
+            Fence::AfterTiming,
+            "AfterTiming",
+        ),
+        (
+            "// kopt-fake: modifies-input x",
+            Fence::InputModified,
+            "input `x` was written",
+        ),
+        (
+            "// kopt-fake: slower-on rows=16 1.5",
+            Fence::Watchdog,
+            "threshold 3%",
+        ),
+        (
+            "// kopt-fake: speedup 100",
+            Fence::Roofline,
+            "measurement error",
+        ),
+        (
+            "// kopt-fake: fault",
+            Fence::Fault,
+            "CUDA_ERROR_ILLEGAL_ADDRESS",
+        ),
+        ("// kopt-fake: hang", Fence::Hang, "never finished"),
+        ("// kopt-fake: crash", Fence::Crash, "signal"),
+    ];
+    for (directive, fence, text) in cases {
+        let v = check(&mut f, directive);
+        assert!(!v.accepted, "{directive} passed");
+        let hit = v.failures.iter().find(|x| x.fence == *fence);
+        assert!(
+            hit.is_some_and(
+                |x| x.message.contains(text) || x.shape.as_deref().unwrap_or("").contains(text)
+            ),
+            "{directive}: expected {fence:?} with {text:?}, got {:#?}",
+            v.failures
+        );
+    }
+    let v = check(&mut f, "");
+    assert!(
+        v.accepted,
+        "the engine goes on after failures: {}",
+        v.summary()
+    );
+    // The fault, the hang and the crash each cost a worker; fresh ones were started.
+    assert_eq!(f.engine.worker.starts, 4, "1 + 3 restarts");
+}
+
+#[test]
+fn the_compile_log_comes_back_verbatim_with_line_numbers() {
+    let mut f = fixture(false);
+    let v = check(
+        &mut f,
+        "// kopt-fake: compile-error identifier \"foo\" is undefined",
+    );
+    assert!(
+        v.compile_log.contains("kernel.cu(")
+            && v.compile_log.contains("identifier \"foo\" is undefined"),
+        "{}",
+        v.compile_log
+    );
+}
+
+#[test]
+fn wins_are_reported_per_shape_for_a_region() {
+    let mut f = fixture(false);
+    let v = check(&mut f, "// kopt-fake: speedup 1.25");
+    assert!(v.accepted, "{}", v.summary());
+    assert_eq!(v.wins.len(), 4, "{:?}", v.wins);
+    let v = check(
+        &mut f,
+        "// kopt-fake: speedup 1.25\n// kopt-fake: slower-on rows=8 1.2",
+    );
+    assert!(v.failures.iter().all(|x| x.fence == Fence::Watchdog));
+    assert_eq!(v.wins.len(), 3, "the slow shape is not a win: {:?}", v.wins);
+}
+
+#[test]
+fn unchanged_candidates_come_from_the_cache() {
+    let mut f = fixture(true);
+    let job = candidate(&f, "// kopt-fake: speedup 1.1");
+    assert!(!f.engine.evaluate(&job, &mut |_| {}).cached);
+    assert!(f.engine.evaluate(&job, &mut |_| {}).cached);
+    let changed = candidate(&f, "// kopt-fake: speedup 1.2");
+    assert!(
+        !f.engine.evaluate(&changed, &mut |_| {}).cached,
+        "a changed source is measured"
+    );
+}
+
+#[test]
+fn the_worker_refuses_another_protocol_version() {
+    let mut child = Command::new(exe())
+        .args(["kopt", "__worker", "--fake"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(
+        child.stdin.as_mut().unwrap(),
+        r#"{{"type":"hello","version":99}}"#
+    )
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.contains("\"type\":\"error\"") && line.contains("protocol 99"),
+        "{line}"
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(2));
+}
+
+#[test]
+fn malformed_requests_get_an_error_and_the_worker_goes_on() {
+    let mut child = Command::new(exe())
+        .args(["kopt", "__worker", "--fake"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.as_mut().unwrap();
+    writeln!(stdin, "{{ not json").unwrap();
+    writeln!(stdin, r#"{{"type":"hello","version":1}}"#).unwrap();
+    writeln!(stdin, r#"{{"type":"shutdown"}}"#).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().contains("bad request"));
+    assert!(lines.next().unwrap().contains("\"type\":\"hello\""));
+    assert!(out.status.success());
+}
+
+#[test]
+fn verify_and_bench_commands_on_the_fake_device() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let run = |args: &[&str]| {
+        Command::new(exe())
+            .arg("kopt")
+            .args(args)
+            .arg("--manifest-path")
+            .arg(ws.manifest())
+            .env("KOPT_WORKER", "fake")
+            .env("KOPT_CACHE_DIR", ws.root.join("cache"))
+            .output()
+            .unwrap()
+    };
+    let o = run(&["verify", "--message-format", "json"]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["variants"][0]["variant"], "online-vec4");
+    let shapes = v["variants"][0]["verdict"]["shapes"].as_array().unwrap();
+    assert!(
+        shapes
+            .iter()
+            .all(|s| s["shape"].as_str().unwrap().contains("cols=")),
+        "only shapes inside the region `cols % 4 == 0`"
+    );
+    assert!(
+        !shapes.iter().any(|s| s["shape"] == "cols=50257 rows=8"),
+        "50257 is outside the region"
+    );
+
+    let o = run(&["bench"]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for needle in [
+        "reference µs",
+        "active µs",
+        "% copy bw",
+        "online-vec4",
+        "gqa_decode",
+    ] {
+        assert!(out.contains(needle), "{needle} missing in\n{out}");
+    }
+
+    // A corrupted variant is not verified: the build would not use it, and check says so.
+    let src = "kopt/softmax/online-vec4/kernel.cu";
+    ws.write(src, &format!("{}// kopt-fake: wrong y 3\n", ws.read(src)));
+    let o = run(&["verify", "--message-format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["variants"].as_array().unwrap().len(),
+        0,
+        "corrupt variants are not usable"
+    );
+}
+
+#[test]
+fn without_a_gpu_the_commands_say_so_in_one_line() {
+    if kopt::gpu::missing().is_none() {
+        return; // this machine has a GPU: nothing to show
+    }
+    let o = Command::new(exe())
+        .args(["kopt", "bench"])
+        .env_remove("KOPT_WORKER")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("no CUDA driver found"), "{err}");
+}

@@ -1,0 +1,286 @@
+//! On a GPU: a catalogue of deliberately bad candidates for the example's softmax, each
+//! rejected for the right reason, while the good ones are accepted.
+//!
+//! Run with `--nocapture` to see the verdict table.
+
+use std::path::{Path, PathBuf};
+
+use cargo_kopt::eval::{self, Settings};
+use cargo_kopt::gather;
+use kopt_engine::engine::Engine;
+use kopt_engine::job::{KernelVersion, TimingPolicy};
+use kopt_engine::parent::WorkerCommand;
+use kopt_engine::sanitizer::{self, SanitizerResult};
+use kopt_engine::verdict::{Fence, Judge};
+
+/// The worker binary: the staged one on PATH on a GPU runner, else this build's.
+fn worker_program() -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("cargo-kopt"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_cargo-kopt")))
+}
+
+fn example_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/llm-kernels")
+}
+
+const HEADER: &str = "#define NEG_INF __int_as_float(0xff800000)\n";
+
+/// The reference's algorithm with a twist: `body` replaces the final loop (the write);
+/// `pre` goes before the max loop.
+fn softmax_with(write: &str, extra: &str) -> String {
+    format!(
+        r#"{HEADER}
+__device__ float block_max(float v, float* s) {{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = NEG_INF;
+    for (int w = 0; w < (blockDim.x + 31) / 32; ++w) r = fmaxf(r, s[w]);
+    __syncthreads();
+    return r;
+}}
+__device__ float block_sum(float v, float* s) {{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = 0.0f;
+    for (int w = 0; w < (blockDim.x + 31) / 32; ++w) r += s[w];
+    __syncthreads();
+    return r;
+}}
+extern "C" __global__ void softmax_f32(const float* __restrict__ x, float* __restrict__ y,
+                                       unsigned int rows, unsigned int cols) {{
+    __shared__ float scratch[32];
+    const unsigned int row = blockIdx.x;
+    if (row >= rows) return;
+    const float* xr = x + (size_t)row * cols;
+    float* yr = y + (size_t)row * cols;
+    {extra}
+    float m = NEG_INF;
+    for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
+    m = block_max(m, scratch);
+    float s = 0.0f;
+    for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) s += __expf(xr[c] - m);
+    s = block_sum(s, scratch);
+    const float inv = 1.0f / s;
+    {write}
+}}
+"#
+    )
+}
+
+const GOOD_WRITE: &str = "for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = __expf(xr[c] - m) * inv;";
+
+/// (name, source, fences that may reject it; empty = must be accepted).
+fn catalogue(shipped: &str) -> Vec<(&'static str, String, &'static [Fence])> {
+    vec![
+        ("good: same algorithm, warp shuffles", softmax_with(GOOD_WRITE, ""), &[]),
+        ("good: the shipped online-vec4 variant", shipped.to_string(), &[]),
+        (
+            "writes only part of its output",
+            softmax_with("for (unsigned int c = threadIdx.x; c < cols; c += 2 * blockDim.x) yr[c] = __expf(xr[c] - m) * inv;", ""),
+            &[Fence::Numerics],
+        ),
+        ("writes zeros", softmax_with("for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = 0.0f;", ""), &[Fence::Numerics]),
+        ("computes only the first 16 rows", softmax_with(GOOD_WRITE, "if (row >= 16) return;"), &[Fence::Numerics]),
+        (
+            "special-cases the declared shapes",
+            softmax_with(
+                "const bool known = (rows == 4096 && cols == 4096) || (rows == 16 && cols == 65536) || (rows == 32768 && cols == 1024) || (rows == 8 && cols == 50257);\n    for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = known ? __expf(xr[c] - m) * inv : 1.0f / cols;",
+                "",
+            ),
+            &[Fence::HeldOut],
+        ),
+        (
+            // The classic off-by-one: `<=` reads one element past each row, past the
+            // buffer's end in the last row. The values change nothing mathematically (a
+            // larger max cancels out): where the buffer ends on a page boundary the read
+            // faults, elsewhere only compute-sanitizer can see it.
+            "reads out of bounds",
+            softmax_with(GOOD_WRITE, "").replace(
+                "for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);",
+                "for (unsigned int c = threadIdx.x; c <= cols; c += blockDim.x) m = fmaxf(m, xr[c]);",
+            ),
+            &[Fence::Sanitizer, Fence::Fault, Fence::Numerics],
+        ),
+        (
+            "writes out of bounds",
+            softmax_with("for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) yr[c + 1] = __expf(xr[c] - m) * inv;", ""),
+            &[Fence::Numerics, Fence::Fault, Fence::Sanitizer],
+        ),
+        (
+            "races on shared memory",
+            softmax_with(GOOD_WRITE, "").replace(
+                "if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = v;\n    __syncthreads();\n    float r = 0.0f;",
+                "if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = v;\n    float r = 0.0f;",
+            ),
+            &[Fence::Numerics, Fence::Sanitizer],
+        ),
+        (
+            "overwrites its input",
+            softmax_with(&format!("{GOOD_WRITE}\n    __syncthreads();\n    if (threadIdx.x == 0) ((float*)xr)[0] = 0.0f;"), ""),
+            &[Fence::InputModified],
+        ),
+        (
+            "loses precision (fp16 accumulation)",
+            softmax_with(
+                "for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = __half2float(__float2half(__expf(xr[c] - m))) * __half2float(__float2half(inv));",
+                "",
+            )
+            .replace(HEADER, &format!("{HEADER}#include <cuda_fp16.h>\n")),
+            &[Fence::Numerics],
+        ),
+        (
+            "faults with an illegal address",
+            softmax_with(&format!("{GOOD_WRITE}\n    if (threadIdx.x == 0 && row == 0) yr[(size_t)1 << 40] = 1.0f;"), ""),
+            &[Fence::Fault],
+        ),
+        ("never terminates", softmax_with("while (clock64() >= 0) { }", ""), &[Fence::Hang]),
+        (
+            "correct but slower than the best",
+            softmax_with(&format!("for (int rep = 0; rep < 4; ++rep) {{ {GOOD_WRITE} __syncthreads(); }}"), ""),
+            &[Fence::Watchdog],
+        ),
+    ]
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bad_candidates_are_rejected_for_the_right_reason() {
+    if !kopt::gpu::available_for_test() {
+        return;
+    }
+    let root = example_root();
+    let scratch = tempfile::tempdir().unwrap();
+    let g = gather::gather_crate("llm-kernels", &root, scratch.path());
+    let k = g
+        .kernels
+        .iter()
+        .find(|k| k.spec.name == "softmax")
+        .expect("the example's softmax");
+    let shipped = std::fs::read_to_string(root.join("kopt/softmax/online-vec4/kernel.cu")).unwrap();
+    let shipped_variant = kopt_spec::files::VariantFile::parse(
+        &std::fs::read_to_string(root.join("kopt/softmax/online-vec4/variant.toml")).unwrap(),
+    )
+    .unwrap();
+
+    let settings = Settings {
+        timing: TimingPolicy {
+            max_seconds: 0.5,
+            max_samples: 40,
+            ..TimingPolicy::default()
+        },
+        ..Settings::default()
+    };
+    let mut engine = Engine::new(
+        WorkerCommand::cuda(worker_program(), 0),
+        None,
+        kopt_engine::ceilings::CeilingsCache::at(scratch.path().join("ceilings.json")),
+    );
+    engine.worker.step_timeout = std::time::Duration::from_secs(15);
+    let ceilings = engine.ceilings(false).expect("ceilings");
+    let judge = Judge::new(Some(ceilings));
+    let region = k.spec.parse_region("cols % 4 == 0").unwrap();
+
+    let mut table = Vec::new();
+    let mut wrong = Vec::new();
+    // KOPT_CATALOGUE_ONLY=substring runs a part of the catalogue.
+    let only = std::env::var("KOPT_CATALOGUE_ONLY").ok();
+    for (name, source, expected) in catalogue(&shipped)
+        .into_iter()
+        .filter(|(n, _, _)| only.as_deref().is_none_or(|o| n.contains(o)))
+    {
+        let candidate = if name.contains("online-vec4") {
+            KernelVersion::variant(&shipped_variant, &source)
+        } else {
+            KernelVersion {
+                id: name.into(),
+                source,
+                ..KernelVersion::reference(&k.spec, "")
+            }
+        };
+        let reg = name.contains("online-vec4").then_some(&region);
+        let job = eval::job(&g, k, candidate, reg, &settings, true);
+        let ev = engine.evaluate(&job, &mut |_| {});
+        let mut verdict = judge.judge(&ev.report);
+        if verdict.accepted {
+            for tool in ["memcheck", "racecheck"] {
+                if let r @ SanitizerResult::Errors { .. } =
+                    sanitizer::run(engine.worker.command(), &job, tool, scratch.path())
+                {
+                    verdict.accepted = false;
+                    verdict.failures.push(kopt_engine::verdict::Failure {
+                        fence: Fence::Sanitizer,
+                        shape: None,
+                        message: format!("{r:?}"),
+                    });
+                }
+            }
+        }
+        let got = verdict.fences();
+        let ok = if expected.is_empty() {
+            verdict.accepted
+        } else {
+            !verdict.accepted && got.iter().any(|f| expected.contains(f))
+        };
+        if !ok {
+            wrong.push(format!(
+                "{name}: expected {expected:?}, got {}",
+                verdict.summary()
+            ));
+        }
+        let expected_text = if expected.is_empty() {
+            "accepted".to_string()
+        } else {
+            expected
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        };
+        table.push(format!(
+            "| {name} | {expected_text} | {} | {} |",
+            if verdict.accepted {
+                "accepted".to_string()
+            } else {
+                got.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+            },
+            verdict
+                .summary()
+                .replace('|', "/")
+                .lines()
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(140)
+                .collect::<String>()
+        ));
+    }
+    println!("| candidate | expected | verdict | first reason |\n| --- | --- | --- | --- |");
+    for row in &table {
+        println!("{row}");
+    }
+    println!(
+        "worker starts (1 + restarts after faults and hangs): {}",
+        engine.worker.starts
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn catalogue_candidates_are_distinct_variations_of_the_good_one() {
+    let c = catalogue("shipped");
+    let good = &c[0].1;
+    for (name, src, _) in &c[2..] {
+        assert_ne!(src, good, "`{name}` must differ from the good candidate");
+        assert!(
+            src.contains("extern \"C\" __global__ void softmax_f32"),
+            "{name}"
+        );
+    }
+}

@@ -1,0 +1,271 @@
+//! Input buffers for verification: seeded draws from each buffer's declared distribution,
+//! and the poison written into outputs before every run.
+
+use std::collections::BTreeMap;
+
+use half::{bf16, f16};
+use kopt_spec::expr;
+use kopt_spec::spec::{Buffer, DType, Distribution, KernelSpec};
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution as _, Normal, Uniform};
+
+/// Which variation of the declared distributions a check uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Variation {
+    /// As declared.
+    Declared,
+    /// Normals shifted by one standard deviation: outputs that cancel on symmetric data
+    /// (or a kernel that only works on centred inputs) show up.
+    Shifted,
+}
+
+impl Variation {
+    pub fn name(self) -> &'static str {
+        match self {
+            Variation::Declared => "declared",
+            Variation::Shifted => "shifted",
+        }
+    }
+}
+
+/// Host bytes of a buffer, in the dtype's device layout (little-endian).
+pub type Bytes = Vec<u8>;
+
+/// The per-buffer seed: distinct buffers never share a stream of numbers.
+fn buffer_seed(seed: u64, index: usize) -> u64 {
+    seed ^ (index as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
+/// Fills an input buffer of `n` elements.
+pub fn fill(
+    buffer: &Buffer,
+    spec: &KernelSpec,
+    args: &[i64],
+    n: usize,
+    seed: u64,
+    variation: Variation,
+) -> Result<Bytes, String> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dist = buffer.distribution.clone().unwrap_or(Distribution::Normal {
+        mean: 0.0,
+        std: 1.0,
+    });
+    let floats = |rng: &mut rand::rngs::StdRng| -> Result<Vec<f64>, String> {
+        Ok(match dist {
+            Distribution::Normal { mean, std } => {
+                let mean = if variation == Variation::Shifted {
+                    mean + std
+                } else {
+                    mean
+                };
+                let d = Normal::new(mean, std).map_err(|e| e.to_string())?;
+                (0..n).map(|_| d.sample(rng)).collect()
+            }
+            Distribution::Uniform { lo, hi } => {
+                let d = Uniform::new(lo, hi).map_err(|e| e.to_string())?;
+                (0..n).map(|_| d.sample(rng)).collect()
+            }
+            Distribution::Range { .. } => {
+                return Err(format!(
+                    "`{}`: an integer range on a float buffer",
+                    buffer.name
+                ))
+            }
+        })
+    };
+    let ints = |rng: &mut rand::rngs::StdRng| -> Result<Vec<i64>, String> {
+        let Distribution::Range { lo, hi } = &dist else {
+            return Err(format!(
+                "`{}`: integer buffers take `range(lo..hi)`",
+                buffer.name
+            ));
+        };
+        let eval = |e: &kopt_spec::expr::Expr| -> Result<i64, String> {
+            let p = spec.compile_expr(e, &BTreeMap::new())?;
+            expr::eval(&p, args).map_err(|err| format!("`{e}`: {err}"))
+        };
+        let (lo, hi) = (eval(lo)?, eval(hi)?);
+        if lo >= hi {
+            return Err(format!(
+                "`{}`: the range {lo}..{hi} is empty for this shape",
+                buffer.name
+            ));
+        }
+        Ok((0..n).map(|_| rng.random_range(lo..hi)).collect())
+    };
+    let mut out = Vec::with_capacity(n * buffer.dtype.size());
+    match buffer.dtype {
+        DType::F64 => floats(&mut rng)?
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::F32 => floats(&mut rng)?
+            .iter()
+            .for_each(|v| out.extend_from_slice(&(*v as f32).to_le_bytes())),
+        DType::F16 => floats(&mut rng)?
+            .iter()
+            .for_each(|v| out.extend_from_slice(&f16::from_f64(*v).to_le_bytes())),
+        DType::Bf16 => floats(&mut rng)?
+            .iter()
+            .for_each(|v| out.extend_from_slice(&bf16::from_f64(*v).to_le_bytes())),
+        DType::I64 | DType::U64 => ints(&mut rng)?
+            .iter()
+            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+        DType::I32 | DType::U32 => ints(&mut rng)?
+            .iter()
+            .for_each(|v| out.extend_from_slice(&(*v as i32).to_le_bytes())),
+        DType::I16 | DType::U16 => ints(&mut rng)?
+            .iter()
+            .for_each(|v| out.extend_from_slice(&(*v as i16).to_le_bytes())),
+        DType::I8 | DType::U8 => ints(&mut rng)?.iter().for_each(|v| out.push(*v as u8)),
+    }
+    Ok(out)
+}
+
+/// Every input buffer of a shape (in-out buffers included), by parameter order.
+pub fn fill_all(
+    spec: &KernelSpec,
+    args: &[i64],
+    lens: &[usize],
+    seed: u64,
+    variation: Variation,
+) -> Result<Vec<Option<Bytes>>, String> {
+    spec.buffers()
+        .zip(lens)
+        .enumerate()
+        .map(|(i, (b, &n))| {
+            if b.direction == kopt_spec::spec::Direction::Out {
+                Ok(None)
+            } else {
+                fill(b, spec, args, n, buffer_seed(seed, i), variation).map(Some)
+            }
+        })
+        .collect()
+}
+
+/// The poison for outputs: a NaN pattern for floats (a quiet NaN with a payload no
+/// arithmetic produces), `0xA5` bytes for integers. An element a kernel does not write
+/// keeps it and fails the comparison.
+pub fn poison(dtype: DType, n: usize) -> Bytes {
+    let one: Vec<u8> = match dtype {
+        DType::F64 => 0x7FF8_DEAD_BEEF_0001u64.to_le_bytes().to_vec(),
+        DType::F32 => 0x7FC0_DEADu32.to_le_bytes().to_vec(),
+        DType::F16 => 0x7E5Au16.to_le_bytes().to_vec(),
+        DType::Bf16 => 0x7FDAu16.to_le_bytes().to_vec(),
+        other => vec![0xA5; other.size()],
+    };
+    one.iter().copied().cycle().take(n * dtype.size()).collect()
+}
+
+/// Element `i` of a buffer as f64 (integers exactly up to 2^53).
+pub fn element(dtype: DType, bytes: &[u8], i: usize) -> f64 {
+    let s = dtype.size();
+    let b = &bytes[i * s..(i + 1) * s];
+    match dtype {
+        DType::F64 => f64::from_le_bytes(b.try_into().unwrap()),
+        DType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::F16 => f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        DType::Bf16 => bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::U64 => u64::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::I16 => i16::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::U16 => u16::from_le_bytes(b.try_into().unwrap()) as f64,
+        DType::I8 => b[0] as i8 as f64,
+        DType::U8 => b[0] as f64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kopt_spec::spec::Direction;
+
+    fn buf(dtype: DType, dist: Distribution) -> Buffer {
+        Buffer {
+            name: "x".into(),
+            dtype,
+            len: kopt_spec::expr::Expr::Var("n".into()),
+            direction: Direction::In,
+            distribution: Some(dist),
+            tolerance: None,
+        }
+    }
+
+    fn spec() -> KernelSpec {
+        let item = kopt_spec::spec::parse_item(
+            "fn k(s: &CudaStream, x: &CudaSlice<i32>, y: &mut CudaSlice<f32>, n: u32, m: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", x: [n] range(0..m), y: [n], grid = n, block = 1, shapes = [{ n: 4, m: 7 }]".parse().unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0
+    }
+
+    #[test]
+    fn seeded_fills_are_reproducible_and_never_zero() {
+        let s = spec();
+        let b = buf(
+            DType::F32,
+            Distribution::Normal {
+                mean: 0.0,
+                std: 1.0,
+            },
+        );
+        let a1 = fill(&b, &s, &[1000, 7], 1000, 5, Variation::Declared).unwrap();
+        let a2 = fill(&b, &s, &[1000, 7], 1000, 5, Variation::Declared).unwrap();
+        let a3 = fill(&b, &s, &[1000, 7], 1000, 6, Variation::Declared).unwrap();
+        assert_eq!(a1, a2);
+        assert_ne!(a1, a3);
+        let zeros = (0..1000)
+            .filter(|&i| element(DType::F32, &a1, i) == 0.0)
+            .count();
+        assert!(zeros < 5, "not all zeros");
+        let shifted = fill(&b, &s, &[1000, 7], 1000, 5, Variation::Shifted).unwrap();
+        let mean = (0..1000)
+            .map(|i| element(DType::F32, &shifted, i))
+            .sum::<f64>()
+            / 1000.0;
+        assert!((mean - 1.0).abs() < 0.2, "shifted by one std: {mean}");
+        let h = fill(
+            &buf(DType::Bf16, Distribution::Uniform { lo: 2.0, hi: 3.0 }),
+            &s,
+            &[0, 0],
+            100,
+            1,
+            Variation::Declared,
+        )
+        .unwrap();
+        assert!((0..100).all(|i| (2.0..=3.0).contains(&element(DType::Bf16, &h, i))));
+    }
+
+    #[test]
+    fn integer_inputs_stay_in_their_declared_range() {
+        let s = spec();
+        let Some(kopt_spec::spec::Param::Buffer(x)) = s.params.first() else {
+            panic!()
+        };
+        let v = fill(x, &s, &[500, 7], 500, 9, Variation::Shifted).unwrap();
+        let vals: Vec<f64> = (0..500).map(|i| element(DType::I32, &v, i)).collect();
+        assert!(vals.iter().all(|&e| (0.0..7.0).contains(&e)));
+        assert!(vals.contains(&0.0) && vals.contains(&6.0));
+        assert!(fill(x, &s, &[500, 0], 500, 9, Variation::Declared)
+            .unwrap_err()
+            .contains("empty"));
+    }
+
+    #[test]
+    fn poison_is_nan_or_sentinel() {
+        for d in [DType::F64, DType::F32, DType::F16, DType::Bf16] {
+            let p = poison(d, 3);
+            assert!((0..3).all(|i| element(d, &p, i).is_nan()), "{d}");
+        }
+        assert_eq!(poison(DType::I32, 2), vec![0xA5; 8]);
+    }
+}

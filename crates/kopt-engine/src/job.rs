@@ -1,0 +1,467 @@
+//! What to evaluate: a candidate against the reference on a set of shapes, under a policy.
+//! Built on the parent side from a spec and the committed (or proposed) files; sent to the
+//! worker as is.
+
+use std::collections::BTreeMap;
+
+use kopt_spec::expr::{self, Expr};
+use kopt_spec::files::VariantFile;
+use kopt_spec::spec::{KernelSpec, LaunchRule, Number, Shape};
+use serde::{Deserialize, Serialize};
+
+/// One compilable version of a kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelVersion {
+    /// `reference` or the variant's name.
+    pub id: String,
+    /// Self-contained CUDA C++ source (includes already inlined).
+    pub source: String,
+    pub entry: String,
+    pub launch: LaunchRule,
+    #[serde(default)]
+    pub defines: BTreeMap<String, i64>,
+    #[serde(default)]
+    pub options: Vec<String>,
+}
+
+impl KernelVersion {
+    /// The reference: its amalgamated source, built with the tunables' defaults.
+    pub fn reference(spec: &KernelSpec, amalgamated_source: &str) -> Self {
+        KernelVersion {
+            id: "reference".into(),
+            source: amalgamated_source.to_string(),
+            entry: spec.entry.clone(),
+            launch: spec.launch.clone(),
+            defines: spec.default_defines(),
+            options: spec.options.clone(),
+        }
+    }
+
+    /// A committed or pending variant.
+    pub fn variant(v: &VariantFile, source: &str) -> Self {
+        KernelVersion {
+            id: v.id.clone(),
+            source: source.to_string(),
+            entry: v.entry.clone(),
+            launch: v.launch.clone(),
+            defines: v.defines.clone(),
+            options: v.options.clone(),
+        }
+    }
+
+    /// NVRTC options: defines, then the declared options.
+    pub fn compile_options(&self) -> Vec<String> {
+        kopt_spec::spec::define_options(&self.defines)
+            .chain(self.options.iter().cloned())
+            .collect()
+    }
+
+    /// Grid, block and dynamic shared memory for one shape.
+    pub fn geometry(&self, spec: &KernelSpec, args: &[i64]) -> Result<Geometry, String> {
+        let eval = |e: &Expr| -> Result<i64, String> {
+            let p = spec.compile_expr(e, &self.defines)?;
+            expr::eval(&p, args).map_err(|err| format!("`{e}`: {err}"))
+        };
+        let dim = |d: &[Expr; 3], what: &str| -> Result<[u32; 3], String> {
+            let mut out = [0u32; 3];
+            for (i, e) in d.iter().enumerate() {
+                let v = eval(e)?;
+                out[i] = u32::try_from(v)
+                    .ok()
+                    .filter(|v| *v > 0)
+                    .ok_or_else(|| format!("{what} dimension `{e}` is {v}"))?;
+            }
+            Ok(out)
+        };
+        let smem = eval(&self.launch.smem)?;
+        Ok(Geometry {
+            grid: dim(&self.launch.grid, "grid")?,
+            block: dim(&self.launch.block, "block")?,
+            smem: u32::try_from(smem)
+                .map_err(|_| format!("shared memory `{}` is {smem}", self.launch.smem))?,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Geometry {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub smem: u32,
+}
+
+/// A shape to check (and maybe time).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShapeCase {
+    pub label: String,
+    pub values: BTreeMap<String, Number>,
+    /// Derived from the declared shapes, never shown to an agent.
+    pub held_out: bool,
+    /// Timed as well as checked (declared shapes are; held-out ones only checked).
+    pub timed: bool,
+}
+
+impl ShapeCase {
+    pub fn declared(shape: &Shape) -> Self {
+        ShapeCase {
+            label: kopt_spec::spec::shape_label(shape),
+            values: shape.values.clone(),
+            held_out: false,
+            timed: true,
+        }
+    }
+}
+
+/// How results are timed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimingPolicy {
+    pub warmup: u32,
+    pub min_samples: u32,
+    pub max_samples: u32,
+    /// Stop once the relative interquartile spread of the samples is below this.
+    pub target_spread: f64,
+    /// Per shape, wall time spent sampling at most.
+    pub max_seconds: f64,
+    /// Device time of one sample (a graph replay of several launches), µs.
+    pub graph_target_us: f64,
+    /// Copies of the inputs cycled so that launches read cold data (at most).
+    pub max_input_sets: u32,
+}
+
+impl Default for TimingPolicy {
+    fn default() -> Self {
+        TimingPolicy {
+            warmup: 5,
+            min_samples: 15,
+            max_samples: 200,
+            target_spread: 0.02,
+            max_seconds: 2.0,
+            graph_target_us: 500.0,
+            max_input_sets: 64,
+        }
+    }
+}
+
+/// Seeds of the input sets. Every check draws fresh inputs from its own seed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seeds {
+    /// First check: the declared distributions.
+    pub first: u64,
+    /// Second check: shifted distributions (so symmetric cancellations cannot pass).
+    pub second: u64,
+    /// Re-check after the timing loop.
+    pub after_timing: u64,
+}
+
+impl Seeds {
+    /// Seeds derived from a base (the run's, or the time of day).
+    pub fn from_base(base: u64) -> Self {
+        let mix = |k: u64| {
+            let mut z = base.wrapping_add(k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Seeds {
+            first: mix(1),
+            second: mix(2),
+            after_timing: mix(3),
+        }
+    }
+}
+
+/// One evaluation: candidate against reference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalJob {
+    pub spec: KernelSpec,
+    pub reference: KernelVersion,
+    pub candidate: KernelVersion,
+    pub shapes: Vec<ShapeCase>,
+    pub seeds: Seeds,
+    /// `None`: check only.
+    pub timing: Option<TimingPolicy>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Held-out shapes.
+
+/// Shapes derived from the declared ones that no agent sees: each integer scalar moved
+/// (halved, doubled, off by a small odd amount), kept when lengths and geometry are valid,
+/// the constraints hold at the tunables' defaults, `region` (the candidate's claim) holds,
+/// and the buffers stay within `max_bytes`. Deterministic in `seed`, which is not shown
+/// to agents either.
+pub fn held_out_shapes(
+    spec: &KernelSpec,
+    region: Option<&Expr>,
+    seed: u64,
+    per_shape: usize,
+    max_bytes: u64,
+) -> Vec<ShapeCase> {
+    let defines = spec.default_defines();
+    let ints: Vec<String> = spec
+        .scalars()
+        .filter(|s| !s.ty.is_float())
+        .map(|s| s.name.clone())
+        .collect();
+    let declared: Vec<Vec<i64>> = spec.shapes.iter().map(|s| spec.shape_args(s)).collect();
+    let mut out: Vec<ShapeCase> = Vec::new();
+    let mut state = seed | 1;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for shape in &spec.shapes {
+        let mut candidates: Vec<BTreeMap<String, Number>> = Vec::new();
+        for name in &ints {
+            let Some(Number::Int(v)) = shape.values.get(name).copied() else {
+                continue;
+            };
+            let odd = [1, 3, 5, 7, 13][(next() % 5) as usize];
+            for nv in [v / 2, v * 2, v + odd, v - odd, v + 32 + odd] {
+                if nv <= 0 || nv == v {
+                    continue;
+                }
+                let mut values = shape.values.clone();
+                values.insert(name.clone(), Number::Int(nv));
+                candidates.push(values);
+            }
+        }
+        // Fisher-Yates with the seeded generator, then keep the first valid ones.
+        for i in (1..candidates.len()).rev() {
+            let j = (next() % (i as u64 + 1)) as usize;
+            candidates.swap(i, j);
+        }
+        let mut taken = 0;
+        for values in candidates {
+            if taken == per_shape {
+                break;
+            }
+            let s = Shape {
+                values,
+                weight: 1.0,
+            };
+            let args = spec.shape_args(&s);
+            if declared.contains(&args)
+                || out.iter().any(|o| {
+                    spec.shape_args(&Shape {
+                        values: o.values.clone(),
+                        weight: 1.0,
+                    }) == args
+                })
+            {
+                continue;
+            }
+            if shape_is_valid(spec, &defines, region, &args, max_bytes) {
+                out.push(ShapeCase {
+                    label: format!("{} (held out)", kopt_spec::spec::shape_label(&s)),
+                    values: s.values,
+                    held_out: true,
+                    timed: false,
+                });
+                taken += 1;
+            }
+        }
+    }
+    out
+}
+
+fn shape_is_valid(
+    spec: &KernelSpec,
+    defines: &BTreeMap<String, i64>,
+    region: Option<&Expr>,
+    args: &[i64],
+    max_bytes: u64,
+) -> bool {
+    let eval = |e: &Expr| {
+        spec.compile_expr(e, defines)
+            .ok()
+            .and_then(|p| expr::eval(&p, args).ok())
+    };
+    let mut bytes: u64 = 0;
+    for b in spec.buffers() {
+        match eval(&b.len) {
+            Some(n) if n > 0 => bytes = bytes.saturating_add(n as u64 * b.dtype.size() as u64),
+            _ => return false,
+        }
+    }
+    if bytes > max_bytes {
+        return false;
+    }
+    for d in spec.launch.grid.iter().chain(spec.launch.block.iter()) {
+        if !matches!(eval(d), Some(v) if v > 0 && v <= u32::MAX as i64) {
+            return false;
+        }
+    }
+    if !spec.constraints.iter().all(|c| eval(c) == Some(1)) {
+        return false;
+    }
+    match region {
+        None => true,
+        Some(r) => eval(r) == Some(1),
+    }
+}
+
+/// Total bytes of the buffers of a shape.
+pub fn shape_bytes(spec: &KernelSpec, args: &[i64]) -> u64 {
+    spec.buffers()
+        .filter_map(|b| {
+            spec.compile_expr(&b.len, &BTreeMap::new())
+                .ok()
+                .and_then(|p| expr::eval(&p, args).ok())
+                .map(|n| n.max(0) as u64 * b.dtype.size() as u64)
+        })
+        .sum()
+}
+
+/// The logical dimensions of a buffer, when its length is a product of factors
+/// (`rows * cols` -> [rows, cols]): used to report a failing element's coordinates.
+pub fn buffer_dims(len: &Expr, spec: &KernelSpec, args: &[i64]) -> Option<Vec<(String, u64)>> {
+    fn factors<'a>(e: &'a Expr, out: &mut Vec<&'a Expr>) {
+        match e {
+            Expr::Binary(expr::BinOp::Mul, a, b) => {
+                factors(a, out);
+                factors(b, out);
+            }
+            other => out.push(other),
+        }
+    }
+    let mut fs = Vec::new();
+    factors(len, &mut fs);
+    if fs.len() < 2 {
+        return None;
+    }
+    fs.iter()
+        .map(|f| {
+            let v = spec
+                .compile_expr(f, &BTreeMap::new())
+                .ok()
+                .and_then(|p| expr::eval(&p, args).ok())?;
+            Some((f.to_string(), u64::try_from(v).ok()?))
+        })
+        .collect()
+}
+
+/// `index` as coordinates in `dims` (row-major).
+pub fn coordinates(index: u64, dims: &[(String, u64)]) -> Vec<(String, u64)> {
+    let mut rem = index;
+    let mut out = vec![(String::new(), 0); dims.len()];
+    for (i, (name, d)) in dims.iter().enumerate().rev() {
+        let d = (*d).max(1);
+        out[i] = (name.clone(), rem % d);
+        rem /= d;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote_spec::sample;
+
+    mod quote_spec {
+        use kopt_spec::spec;
+        pub fn sample() -> kopt_spec::KernelSpec {
+            let item = spec::parse_item(
+                "pub fn softmax(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);"
+                    .parse()
+                    .unwrap(),
+            )
+            .unwrap();
+            spec::parse_kernel(
+                "reference = \"k.cu\", x: [rows * cols], y: [rows * cols], grid = rows, block = 256, shapes = [{ rows: 4096, cols: 4096 }, { rows: 16, cols: 65536 }], constraints = [cols % 4 == 0]"
+                    .parse()
+                    .unwrap(),
+                &item,
+            )
+            .unwrap()
+            .0
+        }
+    }
+
+    #[test]
+    fn held_out_shapes_are_new_valid_and_deterministic() {
+        let spec = sample();
+        let a = held_out_shapes(&spec, None, 42, 2, 1 << 30);
+        let b = held_out_shapes(&spec, None, 42, 2, 1 << 30);
+        assert_eq!(a, b, "deterministic under a seed");
+        assert_eq!(a.len(), 4);
+        for s in &a {
+            assert!(s.held_out && !s.timed);
+            let cols = s.values["cols"].as_i64().unwrap();
+            assert_eq!(cols % 4, 0, "constraint holds: {s:?}");
+            let args = spec.shape_args(&Shape {
+                values: s.values.clone(),
+                weight: 1.0,
+            });
+            assert!(
+                !spec.shapes.iter().any(|d| spec.shape_args(d) == args),
+                "not a declared shape"
+            );
+        }
+        let c = held_out_shapes(&spec, None, 7, 2, 1 << 30);
+        assert_ne!(a, c, "another seed, other shapes");
+        let region = spec.parse_region("rows >= 1000").unwrap();
+        for s in held_out_shapes(&spec, Some(&region), 42, 2, 1 << 30) {
+            assert!(
+                s.values["rows"].as_i64().unwrap() >= 1000,
+                "inside the region"
+            );
+        }
+        assert!(
+            held_out_shapes(&spec, None, 42, 2, 1000).is_empty(),
+            "memory cap"
+        );
+    }
+
+    #[test]
+    fn coordinates_of_a_flat_index() {
+        let spec = sample();
+        let dims = buffer_dims(
+            &spec
+                .params
+                .iter()
+                .find_map(|p| match p {
+                    kopt_spec::spec::Param::Buffer(b) => Some(b.len.clone()),
+                    _ => None,
+                })
+                .unwrap(),
+            &spec,
+            &[16, 65536],
+        )
+        .unwrap();
+        assert_eq!(dims, vec![("rows".into(), 16), ("cols".into(), 65536)]);
+        assert_eq!(
+            coordinates(65536 * 3 + 17, &dims),
+            vec![("rows".into(), 3), ("cols".into(), 17)]
+        );
+    }
+
+    #[test]
+    fn geometry_uses_defines() {
+        let spec = sample();
+        let mut v = KernelVersion::reference(&spec, "");
+        v.launch.block[0] = kopt_spec::expr::parse_str(
+            "BLOCK",
+            kopt_spec::expr::Ty::Int,
+            &|_| Some(kopt_spec::expr::VarKind::Int),
+            &[],
+        )
+        .unwrap();
+        v.defines.insert("BLOCK".into(), 512);
+        assert_eq!(
+            v.geometry(&spec, &[8, 1024]).unwrap(),
+            Geometry {
+                grid: [8, 1, 1],
+                block: [512, 1, 1],
+                smem: 0
+            }
+        );
+        v.defines.insert("BLOCK".into(), 0);
+        assert!(v
+            .geometry(&spec, &[8, 1024])
+            .unwrap_err()
+            .contains("block dimension"));
+    }
+}

@@ -1,0 +1,25 @@
+//! kopt's evaluation engine. Every candidate, whoever proposed it, goes through here.
+//!
+//! - [`job`]: what to evaluate (candidate vs reference, shapes, seeds, timing policy),
+//!   held-out shapes;
+//! - [`protocol`]: the versioned parent/worker protocol and the report types;
+//! - [`worker`]: the worker process (CUDA backend, and a fake device for tests);
+//! - [`parent`]: starting and watching workers (hang watchdog, restarts);
+//! - [`inputs`], [`compare`]: seeded inputs, poison, element-wise comparison;
+//! - [`stats`]: timing statistics, stopping rule, watchdog, outliers;
+//! - [`verdict`]: fences and figures from a report;
+//! - [`ceilings`], [`cache`], [`sanitizer`].
+
+pub mod cache;
+pub mod ceilings;
+pub mod compare;
+pub mod engine;
+pub mod inputs;
+pub mod job;
+mod jsonf;
+pub mod parent;
+pub mod protocol;
+pub mod sanitizer;
+pub mod stats;
+pub mod verdict;
+pub mod worker;

@@ -1,0 +1,336 @@
+//! The parent's side of a worker: start it, speak the protocol, watch it. A worker that
+//! stops sending messages for longer than the step timeout is killed (a hung kernel); one
+//! that dies is reported with its exit status and the end of its stderr. Either way the
+//! next request starts a fresh worker.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::job::EvalJob;
+use crate::protocol::*;
+
+/// How to start a worker process.
+#[derive(Debug, Clone)]
+pub struct WorkerCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl WorkerCommand {
+    /// The running `cargo-kopt` binary's hidden worker subcommand, on GPU `device`.
+    pub fn cuda(program: PathBuf, device: usize) -> Self {
+        WorkerCommand {
+            program,
+            args: vec![
+                "kopt".into(),
+                "__worker".into(),
+                "--device".into(),
+                device.to_string(),
+            ],
+        }
+    }
+
+    /// The same binary, with the fake device of the tests.
+    pub fn fake(program: PathBuf) -> Self {
+        WorkerCommand {
+            program,
+            args: vec!["kopt".into(), "__worker".into(), "--fake".into()],
+        }
+    }
+
+    pub fn is_fake(&self) -> bool {
+        self.args.iter().any(|a| a == "--fake")
+    }
+}
+
+/// How a request ended when no regular answer came.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerFailure {
+    /// No message for `seconds` during `step`: the worker was killed.
+    Hang { step: String, seconds: f64 },
+    /// The worker exited without answering.
+    Died { status: String, stderr: String },
+    /// It answered with an error message.
+    Refused(String),
+    /// It could not be started, or spoke another protocol.
+    Start(String),
+}
+
+impl std::fmt::Display for WorkerFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerFailure::Hang { step, seconds } => write!(f, "no progress for {seconds:.0} s during `{step}`: the kernel never finished (worker killed)"),
+            WorkerFailure::Died { status, stderr } => write!(f, "the worker died ({status}){}", if stderr.is_empty() { String::new() } else { format!(": {stderr}") }),
+            WorkerFailure::Refused(m) => write!(f, "{m}"),
+            WorkerFailure::Start(m) => write!(f, "cannot start the worker: {m}"),
+        }
+    }
+}
+
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    stderr: Arc<Mutex<VecDeque<String>>>,
+    device: DeviceInfo,
+}
+
+/// One worker process, restarted on demand.
+pub struct Worker {
+    cmd: WorkerCommand,
+    running: Option<Running>,
+    /// The longest silence tolerated while a request runs.
+    pub step_timeout: Duration,
+    /// Workers started so far (1 + restarts).
+    pub starts: u32,
+}
+
+impl Worker {
+    pub fn new(cmd: WorkerCommand) -> Self {
+        Worker {
+            cmd,
+            running: None,
+            step_timeout: Duration::from_secs(30),
+            starts: 0,
+        }
+    }
+
+    pub fn command(&self) -> &WorkerCommand {
+        &self.cmd
+    }
+
+    fn start(&mut self) -> Result<(), WorkerFailure> {
+        let mut child = Command::new(&self.cmd.program)
+            .args(&self.cmd.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| WorkerFailure::Start(format!("{}: {e}", self.cmd.program.display())))?;
+        self.starts += 1;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let stderr_pipe = child.stderr.take().expect("piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr_pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                t.push_back(line);
+                if t.len() > 20 {
+                    t.pop_front();
+                }
+            }
+        });
+        let mut r = Running {
+            child,
+            stdin,
+            lines: rx,
+            stderr,
+            device: crate::worker::fake::fake_device(),
+        };
+        match exchange(
+            &mut r,
+            &Request::Hello {
+                version: PROTOCOL_VERSION,
+            },
+            Duration::from_secs(120),
+            &mut |_| {},
+        ) {
+            Ok(Message::Hello {
+                version, device, ..
+            }) if version == PROTOCOL_VERSION => {
+                r.device = device;
+                self.running = Some(r);
+                Ok(())
+            }
+            Ok(Message::Error { message }) => {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+                Err(WorkerFailure::Start(message))
+            }
+            Ok(other) => {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+                Err(WorkerFailure::Start(format!(
+                    "unexpected greeting {other:?}"
+                )))
+            }
+            Err(e) => {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+                Err(match e {
+                    WorkerFailure::Died { stderr, status } => {
+                        WorkerFailure::Start(format!("{status}: {stderr}"))
+                    }
+                    other => other,
+                })
+            }
+        }
+    }
+
+    /// The device the worker runs on (starting it if needed).
+    pub fn device(&mut self) -> Result<DeviceInfo, WorkerFailure> {
+        if self.running.is_none() {
+            self.start()?;
+        }
+        Ok(self.running.as_ref().expect("started").device.clone())
+    }
+
+    /// Sends one request and waits for its answer, killing the worker on a hang and
+    /// forgetting it when it dies or faults.
+    pub fn request(
+        &mut self,
+        req: &Request,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Message, WorkerFailure> {
+        if self.running.is_none() {
+            self.start()?;
+        }
+        let r = self.running.as_mut().expect("started");
+        let result = exchange(r, req, self.step_timeout, progress);
+        let keep = match &result {
+            Ok(Message::Report { report }) => report.fault.is_none(),
+            Ok(_) => true,
+            Err(_) => false,
+        };
+        if !keep {
+            let mut r = self.running.take().expect("present");
+            let _ = r.child.kill();
+            let _ = r.child.wait();
+        }
+        result
+    }
+
+    pub fn evaluate(
+        &mut self,
+        job: &EvalJob,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<EvalReport, WorkerFailure> {
+        match self.request(
+            &Request::Evaluate {
+                job: Box::new(job.clone()),
+            },
+            progress,
+        )? {
+            Message::Report { report } => Ok(*report),
+            Message::Error { message } => Err(WorkerFailure::Refused(message)),
+            other => Err(WorkerFailure::Refused(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
+    pub fn ceilings(&mut self) -> Result<Ceilings, WorkerFailure> {
+        let saved = self.step_timeout;
+        // Measuring takes a while and sends no progress.
+        self.step_timeout = saved.max(Duration::from_secs(300));
+        let r = self.request(&Request::Ceilings, &mut |_| {});
+        self.step_timeout = saved;
+        match r? {
+            Message::Ceilings { ceilings } => Ok(ceilings),
+            Message::Error { message } => Err(WorkerFailure::Refused(message)),
+            other => Err(WorkerFailure::Refused(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
+    pub fn shutdown(&mut self) {
+        if let Some(mut r) = self.running.take() {
+            let _ = writeln!(
+                r.stdin,
+                "{}",
+                serde_json::to_string(&Request::Shutdown).expect("serialises")
+            );
+            let _ = r.stdin.flush();
+            let _ = r.child.wait();
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.running.take() {
+            let _ = r.child.kill();
+            let _ = r.child.wait();
+        }
+    }
+}
+
+fn exchange(
+    r: &mut Running,
+    req: &Request,
+    timeout: Duration,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Message, WorkerFailure> {
+    let line = serde_json::to_string(req).expect("requests serialise");
+    let sent = writeln!(r.stdin, "{line}").and_then(|_| r.stdin.flush());
+    let mut step = match req {
+        Request::Evaluate { .. } => "start".to_string(),
+        Request::Ceilings => "measuring ceilings".to_string(),
+        _ => "greeting".to_string(),
+    };
+    if sent.is_err() {
+        return Err(died(r));
+    }
+    loop {
+        match r.lines.recv_timeout(timeout) {
+            Ok(line) => match serde_json::from_str::<Message>(&line) {
+                Ok(Message::Progress { step: s }) => {
+                    progress(&s);
+                    step = s;
+                }
+                Ok(m) => return Ok(m),
+                // Anything else on stdout (a library printing) is not ours to parse.
+                Err(_) => continue,
+            },
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+                return Err(WorkerFailure::Hang {
+                    step,
+                    seconds: timeout.as_secs_f64(),
+                });
+            }
+            Err(RecvTimeoutError::Disconnected) => return Err(died(r)),
+        }
+    }
+}
+
+fn died(r: &mut Running) -> WorkerFailure {
+    let status = match r.child.wait() {
+        Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            _ => s.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    // Give the stderr reader a moment to drain.
+    std::thread::sleep(Duration::from_millis(50));
+    let stderr = r
+        .stderr
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("\n");
+    WorkerFailure::Died { status, stderr }
+}

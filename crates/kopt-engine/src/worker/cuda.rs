@@ -1,0 +1,712 @@
+//! The GPU backend: compiles with NVRTC, runs the numeric fence and times, on one CUDA
+//! context. A sticky CUDA error (illegal address, launch failure...) ends the job with a
+//! fault; the worker then exits, and the parent starts a fresh one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys::{CUdevice_attribute as A, CUevent_flags, CUresult, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError};
+use kopt_spec::expr;
+use kopt_spec::spec::{Direction, KernelSpec, Number, Param, ScalarTy, Shape};
+
+use super::Backend;
+use crate::compare::{compare, OutputComparison};
+use crate::inputs::{self, Bytes, Variation};
+use crate::job::{buffer_dims, EvalJob, Geometry, KernelVersion, ShapeCase, TimingPolicy};
+use crate::protocol::*;
+use crate::stats::{self, Timing};
+
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    modules: HashMap<String, (Option<CudaFunction>, CompileReport)>,
+}
+
+/// Errors after which the context cannot be used again.
+fn is_sticky(e: &DriverError) -> bool {
+    use CUresult::*;
+    matches!(
+        e.0,
+        CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_LAUNCH_FAILED
+    )
+}
+
+/// Why a shape stopped: a plain error (bad geometry, launch refused) or a fault.
+enum Stop {
+    Error(String),
+    Fault(String),
+}
+
+impl Stop {
+    fn driver(what: &str, e: DriverError) -> Stop {
+        let msg = format!("{what}: {e:?}");
+        if is_sticky(&e) {
+            Stop::Fault(msg)
+        } else {
+            Stop::Error(msg)
+        }
+    }
+}
+
+fn device_info(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceInfo, DriverError> {
+    let attr = |a: A| ctx.attribute(a).map(|v| v.max(0) as u32);
+    let (major, minor) = ctx.compute_capability()?;
+    let uuid = ctx.uuid()?;
+    let uuid: String = uuid
+        .bytes
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect();
+    let mut driver: std::ffi::c_int = 0;
+    // SAFETY: writes one int.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }.result()?;
+    Ok(DeviceInfo {
+        ordinal,
+        name: ctx.name()?,
+        uuid: format!("GPU-{uuid}"),
+        compute_capability: (major as u32, minor as u32),
+        arch: kopt_spec::files::arch_name(major as u32, minor as u32),
+        multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
+        memory_bytes: ctx.total_mem()? as u64,
+        sm_clock_mhz: attr(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? / 1000,
+        memory_clock_mhz: attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? / 1000,
+        driver_api: driver as u32,
+        max_threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        max_shared_per_block_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        max_warps_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? / 32,
+        registers_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?,
+    })
+}
+
+impl CudaBackend {
+    pub fn new(ordinal: usize) -> Result<Self, String> {
+        if let Some(why) = kopt::gpu::missing() {
+            return Err(why);
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| format!("cannot open GPU {ordinal}: {e:?}"))?;
+        // One stream, explicit synchronisation: cudarc's per-buffer events are not needed
+        // and would add work to every launch.
+        // SAFETY: all work of this backend goes through `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| format!("{e:?}"))?;
+        let info = device_info(&ctx, ordinal).map_err(|e| format!("{e:?}"))?;
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            info,
+            modules: HashMap::new(),
+        })
+    }
+
+    fn compile(&mut self, v: &KernelVersion) -> (Option<CudaFunction>, CompileReport) {
+        let options = v.compile_options();
+        let key = crate::cache::hash_parts(&[
+            &v.source,
+            &options.join("\u{1}"),
+            &v.entry,
+            &self.info.arch,
+        ]);
+        if let Some((f, r)) = self.modules.get(&key) {
+            let mut r = r.clone();
+            r.cached = true;
+            return (f.clone(), r);
+        }
+        let opts: Vec<&str> = options.iter().map(String::as_str).collect();
+        let cc = (
+            self.info.compute_capability.0 as i32,
+            self.info.compute_capability.1 as i32,
+        );
+        let result = kopt::compile_ptx("candidate", &v.id, &v.source, &opts, cc)
+            .map_err(|e| match e {
+                kopt::Error::Compile { log, .. } => log,
+                other => other.to_string(),
+            })
+            .and_then(|ptx| {
+                let module = self.ctx.load_module(ptx).map_err(|e| format!("module load: {e:?}"))?;
+                let f = module.load_function(&v.entry).map_err(|e| format!("no function `{}` in the module: {e:?}", v.entry))?;
+                let optin = self.info.max_shared_per_block_optin as i32;
+                let attrs = FunctionAttributes {
+                    registers: f.num_regs().unwrap_or(0) as u32,
+                    static_shared_bytes: f.shared_size_bytes().unwrap_or(0) as u32,
+                    local_bytes: f.local_size_bytes().unwrap_or(0) as u32,
+                    max_threads_per_block: f.max_threads_per_block().unwrap_or(0) as u32,
+                };
+                let _ = f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    optin - attrs.static_shared_bytes as i32,
+                );
+                Ok((f, attrs))
+            });
+        let entry = match result {
+            Ok((f, attrs)) => (
+                Some(f),
+                CompileReport {
+                    ok: true,
+                    log: String::new(),
+                    options,
+                    cached: false,
+                    attributes: Some(attrs),
+                },
+            ),
+            Err(log) => (
+                None,
+                CompileReport {
+                    ok: false,
+                    log,
+                    options,
+                    cached: false,
+                    attributes: None,
+                },
+            ),
+        };
+        self.modules.insert(key, entry.clone());
+        entry
+    }
+}
+
+/// Device memory from plain `cuMemAlloc`, not a stream-ordered pool, so that
+/// compute-sanitizer knows each buffer's exact bounds.
+struct DeviceBuf {
+    ptr: cudarc::driver::sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceBuf {
+    fn new(bytes: usize) -> Result<Self, DriverError> {
+        // SAFETY: a plain allocation, freed in Drop.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }?;
+        Ok(DeviceBuf { ptr, bytes })
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `new`; the stream was synchronised before buffers drop.
+        unsafe {
+            let _ = cudarc::driver::result::free_sync(self.ptr);
+        }
+    }
+}
+
+/// Device buffers of one shape, by parameter order.
+struct Buffers {
+    dev: Vec<DeviceBuf>,
+    elems: Vec<usize>,
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device(&self) -> DeviceInfo {
+        self.info.clone()
+    }
+
+    fn ceilings(&mut self) -> Result<Ceilings, String> {
+        crate::ceilings::measure(&self.stream, &self.info).map_err(|e| format!("{e:?}"))
+    }
+
+    fn evaluate(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> EvalReport {
+        progress("compile");
+        let (rf, reference) = self.compile(&job.reference);
+        let (cf, candidate) = self.compile(&job.candidate);
+        let mut report = EvalReport {
+            device: self.info.clone(),
+            reference,
+            candidate,
+            shapes: Vec::new(),
+            fault: None,
+        };
+        let (Some(rf), Some(cf)) = (rf, cf) else {
+            return report;
+        };
+        for case in &job.shapes {
+            match self.run_shape(job, case, &rf, &cf, progress) {
+                Ok(s) => report.shapes.push(s),
+                Err((partial, Stop::Error(e))) => {
+                    let mut s = partial;
+                    s.error = Some(e);
+                    report.shapes.push(s);
+                }
+                Err((partial, Stop::Fault(e))) => {
+                    report.shapes.push(partial);
+                    report.fault = Some(e);
+                    return report;
+                }
+            }
+        }
+        report
+    }
+}
+
+type ShapeResult = Result<ShapeReport, (ShapeReport, Stop)>;
+
+/// Candidate before the reference, the reference, the candidate after it, and the
+/// inputs the candidate changed.
+type CheckRuns = (Vec<Bytes>, Vec<Bytes>, Vec<Bytes>, Vec<String>);
+
+impl CudaBackend {
+    // The error carries the partial report: a cold path, once per failing shape.
+    #[allow(clippy::result_large_err)]
+    fn run_shape(
+        &mut self,
+        job: &EvalJob,
+        case: &ShapeCase,
+        rf: &CudaFunction,
+        cf: &CudaFunction,
+        progress: &mut dyn FnMut(&str),
+    ) -> ShapeResult {
+        let spec = &job.spec;
+        let shape = Shape {
+            values: case.values.clone(),
+            weight: 1.0,
+        };
+        let args = spec.shape_args(&shape);
+        let eval = |e: &expr::Expr| {
+            spec.compile_expr(e, &BTreeMap::new())
+                .ok()
+                .and_then(|p| expr::eval(&p, &args).ok())
+        };
+        let mut out = ShapeReport {
+            label: case.label.clone(),
+            held_out: case.held_out,
+            bytes: crate::job::shape_bytes(spec, &args),
+            flops: spec.flops.as_ref().and_then(eval).map(|v| v.max(0) as u64),
+            error: None,
+            checks: Vec::new(),
+            inputs_modified: Vec::new(),
+            reference: None,
+            candidate: None,
+        };
+        let (rg, cg) = match (
+            job.reference.geometry(spec, &args),
+            job.candidate.geometry(spec, &args),
+        ) {
+            (Ok(r), Ok(c)) => (r, c),
+            (Err(e), _) => return Err((out, Stop::Error(format!("reference geometry: {e}")))),
+            (_, Err(e)) => return Err((out, Stop::Error(format!("candidate geometry: {e}")))),
+        };
+        out.reference = Some(LaunchFigures {
+            geometry: rg,
+            occupancy: occupancy(rf, &rg, &self.info),
+            timing: None,
+        });
+        out.candidate = Some(LaunchFigures {
+            geometry: cg,
+            occupancy: occupancy(cf, &cg, &self.info),
+            timing: None,
+        });
+        let elems: Vec<usize> = spec
+            .buffers()
+            .map(|b| eval(&b.len).unwrap_or(0).max(0) as usize)
+            .collect();
+        let alloc = || -> Result<Buffers, DriverError> {
+            let mut dev = Vec::new();
+            for (b, n) in spec.buffers().zip(&elems) {
+                dev.push(DeviceBuf::new(n * b.dtype.size())?);
+            }
+            Ok(Buffers {
+                dev,
+                elems: elems.clone(),
+            })
+        };
+        let mut bufs = match alloc() {
+            Ok(b) => b,
+            Err(e) => return Err((out, Stop::driver("allocation", e))),
+        };
+
+        // Two checks with fresh inputs: declared, then shifted distributions. In each, the
+        // candidate runs before and after the reference, on poisoned outputs.
+        for (variation, seed) in [
+            (Variation::Declared, job.seeds.first),
+            (Variation::Shifted, job.seeds.second),
+        ] {
+            progress(&format!("{}: check ({})", case.label, variation.name()));
+            let pristine = match inputs::fill_all(spec, &args, &elems, seed, variation) {
+                Ok(p) => p,
+                Err(e) => return Err((out, Stop::Error(format!("inputs: {e}")))),
+            };
+            let r = (|| -> Result<CheckRuns, Stop> {
+                let (c1, modified) =
+                    self.run_once(spec, cf, &cg, &case.values, &mut bufs, &pristine, true)?;
+                let (reference, _) =
+                    self.run_once(spec, rf, &rg, &case.values, &mut bufs, &pristine, false)?;
+                let (c2, modified2) =
+                    self.run_once(spec, cf, &cg, &case.values, &mut bufs, &pristine, true)?;
+                let mut m = modified;
+                m.extend(
+                    modified2
+                        .into_iter()
+                        .filter(|x| !m.contains(x))
+                        .collect::<Vec<_>>(),
+                );
+                Ok((c1, reference, c2, m))
+            })();
+            let (c1, reference, c2, modified) = match r {
+                Ok(x) => x,
+                Err(stop) => return Err((out, stop)),
+            };
+            for m in modified {
+                if !out.inputs_modified.contains(&m) {
+                    out.inputs_modified.push(m);
+                }
+            }
+            out.checks.push(CheckReport {
+                phase: Phase::BeforeReference,
+                variation,
+                seed,
+                outputs: compare_outputs(spec, &args, &c1, &reference),
+            });
+            out.checks.push(CheckReport {
+                phase: Phase::AfterReference,
+                variation,
+                seed,
+                outputs: compare_outputs(spec, &args, &c2, &reference),
+            });
+        }
+
+        let Some(policy) = job.timing.as_ref().filter(|_| case.timed) else {
+            return Ok(out);
+        };
+        progress(&format!("{}: timing", case.label));
+        let times = self.time_pair(policy, spec, &case.values, (rf, &rg), (cf, &cg), &bufs);
+        match times {
+            Ok((tr, tc)) => {
+                out.reference.as_mut().expect("set above").timing = Some(tr);
+                out.candidate.as_mut().expect("set above").timing = Some(tc);
+            }
+            Err(stop) => return Err((out, stop)),
+        }
+
+        // Correctness again, on new inputs, after the timing loop.
+        progress(&format!("{}: re-check after timing", case.label));
+        let pristine = match inputs::fill_all(
+            spec,
+            &args,
+            &elems,
+            job.seeds.after_timing,
+            Variation::Declared,
+        ) {
+            Ok(p) => p,
+            Err(e) => return Err((out, Stop::Error(format!("inputs: {e}")))),
+        };
+        let r = (|| -> Result<(Vec<Bytes>, Vec<Bytes>), Stop> {
+            let (reference, _) =
+                self.run_once(spec, rf, &rg, &case.values, &mut bufs, &pristine, false)?;
+            let (c, _) = self.run_once(spec, cf, &cg, &case.values, &mut bufs, &pristine, true)?;
+            Ok((c, reference))
+        })();
+        match r {
+            Ok((c, reference)) => out.checks.push(CheckReport {
+                phase: Phase::AfterTiming,
+                variation: Variation::Declared,
+                seed: job.seeds.after_timing,
+                outputs: compare_outputs(spec, &args, &c, &reference),
+            }),
+            Err(stop) => return Err((out, stop)),
+        }
+        Ok(out)
+    }
+
+    /// Uploads pristine inputs, poisons outputs, launches once, synchronises, and returns
+    /// the outputs (and, when `check_inputs`, the input buffers the kernel changed).
+    #[allow(clippy::too_many_arguments)]
+    fn run_once(
+        &mut self,
+        spec: &KernelSpec,
+        f: &CudaFunction,
+        g: &Geometry,
+        values: &BTreeMap<String, Number>,
+        bufs: &mut Buffers,
+        pristine: &[Option<Bytes>],
+        check_inputs: bool,
+    ) -> Result<(Vec<Bytes>, Vec<String>), Stop> {
+        let s = self.stream.clone();
+        for ((b, dev), (n, host)) in spec
+            .buffers()
+            .zip(bufs.dev.iter_mut())
+            .zip(bufs.elems.iter().zip(pristine))
+        {
+            let data = match host {
+                Some(h) => h.clone(),
+                None => inputs::poison(b.dtype, *n),
+            };
+            if !data.is_empty() {
+                // SAFETY: `dev` holds `data.len()` bytes; pageable copies complete before return.
+                unsafe { cudarc::driver::result::memcpy_htod_async(dev.ptr, &data, s.cu_stream()) }
+                    .map_err(|e| Stop::driver("upload", e))?;
+            }
+        }
+        let mut p = params(spec, values, bufs);
+        launch(&s, f, g, &mut p).map_err(|e| Stop::driver("launch", e))?;
+        s.synchronize().map_err(|e| Stop::driver("kernel", e))?;
+        let mut outputs = Vec::new();
+        let mut modified = Vec::new();
+        for ((b, dev), host) in spec.buffers().zip(bufs.dev.iter()).zip(pristine) {
+            let is_output = b.direction != Direction::In;
+            if !is_output && !check_inputs {
+                continue;
+            }
+            let mut data = vec![0u8; dev.bytes];
+            // SAFETY: `dev` holds `dev.bytes` bytes.
+            unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut data, dev.ptr, s.cu_stream()) }
+                .map_err(|e| Stop::driver("download", e))?;
+            s.synchronize().map_err(|e| Stop::driver("download", e))?;
+            if is_output {
+                outputs.push(data);
+            } else if host.as_deref() != Some(&data[..]) {
+                modified.push(b.name.clone());
+            }
+        }
+        Ok((outputs, modified))
+    }
+
+    /// Times both versions as CUDA-graph replays of back-to-back launches that cycle over
+    /// enough copies of the inputs to exceed twice the L2 (so every launch reads cold
+    /// data), one replay per sample, alternating the two versions so that drift affects
+    /// both alike. Small shapes whose copies cannot exceed the L2 are timed warm, and the
+    /// method says so.
+    #[allow(clippy::too_many_arguments)]
+    fn time_pair(
+        &mut self,
+        policy: &TimingPolicy,
+        spec: &KernelSpec,
+        values: &BTreeMap<String, Number>,
+        r: (&CudaFunction, &Geometry),
+        c: (&CudaFunction, &Geometry),
+        base: &Buffers,
+    ) -> Result<(Timing, Timing), Stop> {
+        let s = self.stream.clone();
+        let twice_l2 = 2 * self.info.l2_bytes;
+        let per_set: u64 = base.dev.iter().map(|d| d.bytes as u64).sum::<u64>().max(1);
+        let mut sets = if per_set >= twice_l2 {
+            1
+        } else {
+            (twice_l2.div_ceil(per_set) + 1) as usize
+        };
+        sets = sets
+            .min(policy.max_input_sets.max(1) as usize)
+            .min(((8u64 << 30) / per_set).max(1) as usize);
+        let cold = per_set * sets as u64 >= twice_l2;
+        // Copies of the inputs (and outputs) for sets 1..
+        let mut extra: Vec<Buffers> = Vec::new();
+        for _ in 1..sets {
+            let mut dev = Vec::new();
+            for d in &base.dev {
+                let n = DeviceBuf::new(d.bytes).map_err(|e| Stop::driver("allocation", e))?;
+                // SAFETY: both hold `d.bytes` bytes.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(n.ptr, d.ptr, d.bytes, s.cu_stream())
+                }
+                .map_err(|e| Stop::driver("copy", e))?;
+                dev.push(n);
+            }
+            extra.push(Buffers {
+                dev,
+                elems: base.elems.clone(),
+            });
+        }
+        let all: Vec<&Buffers> = std::iter::once(base).chain(extra.iter()).collect();
+        let mut pr: Vec<Params> = all.iter().map(|b| params(spec, values, b)).collect();
+        let mut pc: Vec<Params> = all.iter().map(|b| params(spec, values, b)).collect();
+        for _ in 0..policy.warmup {
+            launch(&s, r.0, r.1, &mut pr[0]).map_err(|e| Stop::driver("reference launch", e))?;
+            launch(&s, c.0, c.1, &mut pc[0]).map_err(|e| Stop::driver("candidate launch", e))?;
+        }
+        s.synchronize().map_err(|e| Stop::driver("warm-up", e))?;
+        let event = || {
+            s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| Stop::driver("event", e))
+        };
+        let estimate = |f: &CudaFunction, g: &Geometry, p: &mut Params| -> Result<f64, Stop> {
+            let e0 = event()?;
+            launch(&s, f, g, p).map_err(|e| Stop::driver("launch", e))?;
+            let e1 = event()?;
+            e1.synchronize().map_err(|e| Stop::driver("kernel", e))?;
+            Ok(e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64 * 1e3)
+        };
+        let est = estimate(r.0, r.1, &mut pr[0])?
+            .min(estimate(c.0, c.1, &mut pc[0])?)
+            .max(0.5);
+        // Enough launches per replay that the replay's own overhead is noise.
+        let mut reps = ((policy.graph_target_us / est).ceil() as usize).clamp(sets, 2000);
+        reps = reps.div_ceil(sets) * sets;
+        let gr = capture(&s, r.0, r.1, &mut pr, reps)?;
+        let gc = capture(&s, c.0, c.1, &mut pc, reps)?;
+        let time_graph = |g: &cudarc::driver::CudaGraph| -> Result<f64, Stop> {
+            let e0 = event()?;
+            g.launch().map_err(|e| Stop::driver("graph launch", e))?;
+            let e1 = event()?;
+            e1.synchronize().map_err(|e| Stop::driver("kernel", e))?;
+            Ok(
+                e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64 * 1e3
+                    / reps as f64,
+            )
+        };
+        time_graph(&gr)?;
+        time_graph(&gc)?;
+        let (mut sr, mut sc) = (Vec::new(), Vec::new());
+        let t0 = Instant::now();
+        loop {
+            sr.push(time_graph(&gr)?);
+            sc.push(time_graph(&gc)?);
+            let el = t0.elapsed().as_secs_f64();
+            if stats::should_stop(
+                &sr,
+                policy.min_samples,
+                policy.max_samples,
+                policy.target_spread,
+                el,
+                policy.max_seconds,
+            ) && stats::should_stop(
+                &sc,
+                policy.min_samples,
+                policy.max_samples,
+                policy.target_spread,
+                el,
+                policy.max_seconds,
+            ) {
+                break;
+            }
+        }
+        let method = format!(
+            "graph of {reps} launches over {sets} input set(s), L2 {}",
+            if cold { "cold" } else { "warm" }
+        );
+        Ok((
+            stats::summarise(&method, reps as u32, &sr),
+            stats::summarise(&method, reps as u32, &sc),
+        ))
+    }
+}
+
+/// Kernel parameters: one 8-byte cell per argument (a device pointer, or a scalar's bytes
+/// in its low bytes), and the pointer array the driver reads.
+struct Params {
+    cells: Vec<u64>,
+}
+
+fn params(spec: &KernelSpec, values: &BTreeMap<String, Number>, bufs: &Buffers) -> Params {
+    let mut cells = Vec::new();
+    let mut bi = 0;
+    for p in &spec.params {
+        match p {
+            Param::Buffer(_) => {
+                cells.push(bufs.dev[bi].ptr);
+                bi += 1;
+            }
+            Param::Scalar(s) => {
+                let v = values.get(&s.name).copied().unwrap_or(Number::Int(0));
+                cells.push(scalar_cell(s.ty, v));
+            }
+        }
+    }
+    Params { cells }
+}
+
+/// A scalar's bytes in the low bytes of a cell (little-endian, as the driver reads them).
+fn scalar_cell(ty: ScalarTy, v: Number) -> u64 {
+    let i = v.as_i64().unwrap_or(v.as_f64() as i64);
+    match ty {
+        ScalarTy::I32 => (i as i32) as u32 as u64,
+        ScalarTy::U32 => i as u32 as u64,
+        ScalarTy::I64 | ScalarTy::U64 | ScalarTy::Usize => i as u64,
+        ScalarTy::F32 => (v.as_f64() as f32).to_bits() as u64,
+        ScalarTy::F64 => v.as_f64().to_bits(),
+    }
+}
+
+fn launch(
+    s: &CudaStream,
+    f: &CudaFunction,
+    g: &Geometry,
+    p: &mut Params,
+) -> Result<(), DriverError> {
+    let mut ptrs: Vec<*mut c_void> = p
+        .cells
+        .iter_mut()
+        .map(|c| c as *mut u64 as *mut c_void)
+        .collect();
+    // SAFETY: `ptrs` points at one cell per kernel parameter, in order, sized for it.
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            f.cu_function(),
+            (g.grid[0], g.grid[1], g.grid[2]),
+            (g.block[0], g.block[1], g.block[2]),
+            g.smem,
+            s.cu_stream(),
+            &mut ptrs,
+        )
+    }
+}
+
+/// A graph of `reps` launches, cycling over the parameter sets.
+fn capture(
+    s: &Arc<CudaStream>,
+    f: &CudaFunction,
+    g: &Geometry,
+    p: &mut [Params],
+    reps: usize,
+) -> Result<cudarc::driver::CudaGraph, Stop> {
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(|e| Stop::driver("graph capture", e))?;
+    let n = p.len();
+    for i in 0..reps {
+        if let Err(e) = launch(s, f, g, &mut p[i % n]) {
+            let _ = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+            return Err(Stop::driver("launch under capture", e));
+        }
+    }
+    s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+        .map_err(|e| Stop::driver("graph instantiate", e))?
+        .ok_or_else(|| Stop::Error("empty graph".into()))
+}
+
+fn occupancy(f: &CudaFunction, g: &Geometry, info: &DeviceInfo) -> Option<Occupancy> {
+    let threads = g.block[0] * g.block[1] * g.block[2];
+    let blocks = f
+        .occupancy_max_active_blocks_per_multiprocessor(threads, g.smem as usize, None)
+        .ok()?;
+    Some(Occupancy {
+        blocks_per_sm: blocks,
+        warps_per_sm: blocks * threads.div_ceil(32),
+        max_warps_per_sm: info.max_warps_per_sm,
+    })
+}
+
+fn compare_outputs(
+    spec: &KernelSpec,
+    args: &[i64],
+    got: &[Bytes],
+    want: &[Bytes],
+) -> Vec<OutputComparison> {
+    spec.buffers()
+        .filter(|b| b.is_output())
+        .zip(got.iter().zip(want))
+        .map(|(b, (g, w))| {
+            let dims = buffer_dims(&b.len, spec, args);
+            compare(
+                &b.name,
+                b.dtype,
+                b.effective_tolerance(spec),
+                g,
+                w,
+                dims.as_deref(),
+            )
+        })
+        .collect()
+}

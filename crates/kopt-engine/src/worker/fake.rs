@@ -1,0 +1,359 @@
+//! A fake device for tests without a GPU. It speaks the real protocol from a real worker
+//! process; what a candidate "does" is read from directives in its source, one per line:
+//!
+//! ```text
+//! // kopt-fake: speedup 1.25            candidate time = reference time / 1.25
+//! // kopt-fake: slower-on rows=16 1.5   on shapes whose label contains `rows=16`
+//! // kopt-fake: compile-error MESSAGE   NVRTC-style error at this line
+//! // kopt-fake: wrong BUFFER INDEX      that output element is wrong (every check)
+//! // kopt-fake: wrong-held-out BUFFER   wrong only on held-out shapes
+//! // kopt-fake: wrong-after-timing      wrong only in the re-check after timing
+//! // kopt-fake: nan BUFFER              NaN in that output
+//! // kopt-fake: modifies-input BUFFER   the candidate writes an input
+//! // kopt-fake: fault                   illegal address: the worker exits
+//! // kopt-fake: hang                    never returns (the parent's watchdog must act)
+//! // kopt-fake: crash                   the process aborts
+//! ```
+//!
+//! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs.
+
+use std::collections::BTreeMap;
+
+use kopt_spec::spec::{Direction, Shape};
+
+use super::Backend;
+use crate::compare::{BadElement, OutputComparison};
+use crate::inputs::Variation;
+use crate::job::{EvalJob, KernelVersion};
+use crate::protocol::*;
+use crate::stats::summarise;
+
+pub struct FakeBackend {
+    compiled: BTreeMap<String, ()>,
+}
+
+impl FakeBackend {
+    pub fn new() -> Self {
+        FakeBackend {
+            compiled: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for FakeBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The fake device: an H200-like sm_90 part.
+pub fn fake_device() -> DeviceInfo {
+    DeviceInfo {
+        ordinal: 0,
+        name: "kopt fake GPU".into(),
+        uuid: "GPU-fake-0000".into(),
+        compute_capability: (9, 0),
+        arch: "sm_90".into(),
+        multiprocessors: 132,
+        l2_bytes: 50 * 1024 * 1024,
+        memory_bytes: 141 << 30,
+        sm_clock_mhz: 1980,
+        memory_clock_mhz: 3201,
+        driver_api: 13000,
+        max_threads_per_block: 1024,
+        max_shared_per_block_optin: 232448,
+        max_warps_per_sm: 64,
+        registers_per_sm: 65536,
+    }
+}
+
+struct Directives {
+    lines: Vec<(usize, Vec<String>)>,
+}
+
+impl Directives {
+    fn parse(source: &str) -> Self {
+        Directives {
+            lines: source
+                .lines()
+                .enumerate()
+                .filter_map(|(i, l)| {
+                    let rest = l.trim().strip_prefix("// kopt-fake:")?;
+                    Some((i + 1, rest.split_whitespace().map(String::from).collect()))
+                })
+                .collect(),
+        }
+    }
+
+    fn get(&self, word: &str) -> Option<(usize, &[String])> {
+        self.lines
+            .iter()
+            .find(|(_, w)| w.first().map(String::as_str) == Some(word))
+            .map(|(line, w)| (*line, &w[1..]))
+    }
+
+    fn all<'a>(&'a self, word: &'a str) -> impl Iterator<Item = &'a [String]> + 'a {
+        self.lines
+            .iter()
+            .filter(move |(_, w)| w.first().map(String::as_str) == Some(word))
+            .map(|(_, w)| &w[1..])
+    }
+}
+
+fn compile(v: &KernelVersion, compiled: &mut BTreeMap<String, ()>) -> CompileReport {
+    let d = Directives::parse(&v.source);
+    let options = v.compile_options();
+    if let Some((line, words)) = d.get("compile-error") {
+        return CompileReport {
+            ok: false,
+            log: format!("kernel.cu({line}): error: {}\n\n1 error detected in the compilation of \"kernel.cu\".", words.join(" ")),
+            options,
+            cached: false,
+            attributes: None,
+        };
+    }
+    let key = crate::cache::hash_parts(&[&v.source, &options.join(" "), &v.entry]);
+    let cached = compiled.insert(key, ()).is_some();
+    CompileReport {
+        ok: true,
+        log: String::new(),
+        options,
+        cached,
+        attributes: Some(FunctionAttributes {
+            registers: 32,
+            static_shared_bytes: 128,
+            local_bytes: 0,
+            max_threads_per_block: 1024,
+        }),
+    }
+}
+
+impl Backend for FakeBackend {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn device(&self) -> DeviceInfo {
+        fake_device()
+    }
+
+    fn ceilings(&mut self) -> Result<Ceilings, String> {
+        Ok(Ceilings {
+            device: fake_device().name,
+            identity: fake_device().identity(),
+            copy_gbs: 4000.0,
+            matmul_bf16_tflops: Some(750.0),
+            matmul_f16_tflops: Some(740.0),
+            matmul_f32_tflops: Some(50.0),
+            method: "fake device: fixed figures".into(),
+        })
+    }
+
+    fn evaluate(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> EvalReport {
+        let spec = &job.spec;
+        let d = Directives::parse(&job.candidate.source);
+        let mut report = EvalReport {
+            device: fake_device(),
+            reference: compile(&job.reference, &mut self.compiled),
+            candidate: compile(&job.candidate, &mut self.compiled),
+            shapes: Vec::new(),
+            fault: None,
+        };
+        if !report.reference.ok || !report.candidate.ok {
+            return report;
+        }
+        for case in &job.shapes {
+            progress(&format!("shape {}", case.label));
+            if d.get("crash").is_some() {
+                std::process::abort();
+            }
+            if d.get("hang").is_some() {
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
+            }
+            if d.get("fault").is_some() {
+                report.fault = Some("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered (candidate, first check)".into());
+                return report;
+            }
+            let shape = Shape {
+                values: case.values.clone(),
+                weight: 1.0,
+            };
+            let args = spec.shape_args(&shape);
+            let bytes = crate::job::shape_bytes(spec, &args);
+            let geometry = |v: &KernelVersion| v.geometry(spec, &args);
+            let (rg, cg) = match (geometry(&job.reference), geometry(&job.candidate)) {
+                (Ok(r), Ok(c)) => (r, c),
+                (Err(e), _) | (_, Err(e)) => {
+                    report.shapes.push(ShapeReport {
+                        label: case.label.clone(),
+                        held_out: case.held_out,
+                        bytes,
+                        flops: None,
+                        error: Some(e),
+                        checks: vec![],
+                        inputs_modified: vec![],
+                        reference: None,
+                        candidate: None,
+                    });
+                    continue;
+                }
+            };
+            let mut phases = vec![
+                (Phase::BeforeReference, Variation::Declared, job.seeds.first),
+                (Phase::AfterReference, Variation::Declared, job.seeds.first),
+                (Phase::BeforeReference, Variation::Shifted, job.seeds.second),
+                (Phase::AfterReference, Variation::Shifted, job.seeds.second),
+            ];
+            if job.timing.is_some() && case.timed {
+                phases.push((
+                    Phase::AfterTiming,
+                    Variation::Declared,
+                    job.seeds.after_timing,
+                ));
+            }
+            let checks = phases
+                .into_iter()
+                .map(|(phase, variation, seed)| CheckReport {
+                    phase,
+                    variation,
+                    seed,
+                    outputs: spec
+                        .buffers()
+                        .filter(|b| b.is_output())
+                        .map(|b| {
+                            let n = spec
+                                .compile_expr(&b.len, &BTreeMap::new())
+                                .ok()
+                                .and_then(|p| kopt_spec::expr::eval(&p, &args).ok())
+                                .unwrap_or(0) as u64;
+                            let mut wrong_at = d
+                                .all("wrong")
+                                .find(|w| w.first() == Some(&b.name))
+                                .and_then(|w| w.get(1)?.parse::<u64>().ok());
+                            if case.held_out
+                                && d.all("wrong-held-out").any(|w| w.first() == Some(&b.name))
+                            {
+                                wrong_at = Some(n / 2);
+                            }
+                            if phase == Phase::AfterTiming && d.get("wrong-after-timing").is_some()
+                            {
+                                wrong_at = Some(0);
+                            }
+                            let nan = d.all("nan").any(|w| w.first() == Some(&b.name));
+                            fake_comparison(
+                                &b.name,
+                                b.dtype,
+                                b.effective_tolerance(spec),
+                                n,
+                                wrong_at,
+                                nan,
+                            )
+                        })
+                        .collect(),
+                })
+                .collect();
+            let inputs_modified = d
+                .all("modifies-input")
+                .filter_map(|w| w.first().cloned())
+                .filter(|name| {
+                    spec.buffers()
+                        .any(|b| &b.name == name && b.direction == Direction::In)
+                })
+                .collect();
+            let ref_us = bytes as f64 / 3000e3 + 3.0;
+            let mut factor = d
+                .get("speedup")
+                .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
+                .map(|s| 1.0 / s)
+                .unwrap_or(1.0);
+            for w in d.all("slower-on") {
+                if let (Some(pat), Some(f)) =
+                    (w.first(), w.get(1).and_then(|f| f.parse::<f64>().ok()))
+                {
+                    if case.label.contains(pat.as_str()) {
+                        factor = f;
+                    }
+                }
+            }
+            let timed = job.timing.is_some() && case.timed;
+            let timing = |us: f64| {
+                timed.then(|| {
+                    summarise(
+                        "graph of 10 launches over 1 input set(s), L2 cold",
+                        10,
+                        &[us * 0.995, us, us * 1.005, us],
+                    )
+                })
+            };
+            let occupancy = Some(Occupancy {
+                blocks_per_sm: 8,
+                warps_per_sm: 64,
+                max_warps_per_sm: 64,
+            });
+            report.shapes.push(ShapeReport {
+                label: case.label.clone(),
+                held_out: case.held_out,
+                bytes,
+                flops: None,
+                error: None,
+                checks,
+                inputs_modified,
+                reference: Some(LaunchFigures {
+                    geometry: rg,
+                    occupancy,
+                    timing: timing(ref_us),
+                }),
+                candidate: Some(LaunchFigures {
+                    geometry: cg,
+                    occupancy,
+                    timing: timing(ref_us * factor),
+                }),
+            });
+        }
+        report
+    }
+}
+
+fn fake_comparison(
+    buffer: &str,
+    dtype: kopt_spec::spec::DType,
+    tolerance: kopt_spec::spec::Tolerance,
+    n: u64,
+    wrong_at: Option<u64>,
+    nan: bool,
+) -> OutputComparison {
+    let bad = wrong_at.filter(|i| *i < n).map(|i| BadElement {
+        index: i,
+        coords: vec![],
+        got: 0.0,
+        want: 0.5,
+        neighbourhood: vec![(i, 0.0, 0.5)],
+    });
+    let nan_bad = nan.then(|| BadElement {
+        index: 0,
+        coords: vec![],
+        got: f64::NAN,
+        want: 0.25,
+        neighbourhood: vec![(0, f64::NAN, 0.25)],
+    });
+    let failing = u64::from(bad.is_some()) + u64::from(nan_bad.is_some());
+    OutputComparison {
+        buffer: buffer.to_string(),
+        dtype,
+        elements: n,
+        tolerance,
+        failing,
+        non_finite: u64::from(nan),
+        max_abs_error: if nan {
+            f64::INFINITY
+        } else if bad.is_some() {
+            0.5
+        } else {
+            1e-7
+        },
+        max_rel_error: if bad.is_some() || nan { 1.0 } else { 1e-6 },
+        first_bad: nan_bad.or(bad),
+    }
+}

@@ -1,0 +1,154 @@
+//! The worker process: owns one CUDA context (or a fake device), reads requests on stdin,
+//! writes messages on stdout. Started by the parent as a hidden subcommand of the
+//! `cargo-kopt` binary, so that a faulting or hanging candidate takes down only this
+//! process.
+
+use std::io::{BufRead, Write};
+
+use crate::job::EvalJob;
+use crate::protocol::{Ceilings, DeviceInfo, EvalReport, Message, Request, PROTOCOL_VERSION};
+
+pub mod cuda;
+pub mod fake;
+
+/// What runs the jobs: the GPU, or the fake device of the tests.
+pub trait Backend {
+    fn name(&self) -> &'static str;
+    fn device(&self) -> DeviceInfo;
+    fn ceilings(&mut self) -> Result<Ceilings, String>;
+    /// Runs a job; `progress` is called before every step that touches the device.
+    fn evaluate(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> EvalReport;
+}
+
+/// How the worker was asked to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerKind {
+    Cuda { device: usize },
+    Fake,
+}
+
+/// Serves requests until `Shutdown`, end of input, or a fault. Returns the exit code.
+pub fn serve(kind: WorkerKind) -> i32 {
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    let mut backend: Box<dyn Backend> = match kind {
+        WorkerKind::Fake => Box::new(fake::FakeBackend::new()),
+        WorkerKind::Cuda { device } => match cuda::CudaBackend::new(device) {
+            Ok(b) => Box::new(b),
+            Err(e) => {
+                send(&mut out, &Message::Error { message: e });
+                return 2;
+            }
+        },
+    };
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { return 1 };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let req: Request = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                send(
+                    &mut out,
+                    &Message::Error {
+                        message: format!("bad request: {e}"),
+                    },
+                );
+                continue;
+            }
+        };
+        match req {
+            Request::Hello { version } => {
+                if version != PROTOCOL_VERSION {
+                    send(&mut out, &Message::Error {
+                        message: format!("protocol {version} requested, this worker speaks {PROTOCOL_VERSION}"),
+                    });
+                    return 2;
+                }
+                send(
+                    &mut out,
+                    &Message::Hello {
+                        version: PROTOCOL_VERSION,
+                        backend: backend.name().into(),
+                        device: backend.device(),
+                    },
+                );
+            }
+            Request::Ceilings => match backend.ceilings() {
+                Ok(c) => send(&mut out, &Message::Ceilings { ceilings: c }),
+                Err(e) => send(&mut out, &Message::Error { message: e }),
+            },
+            Request::Evaluate { job } => {
+                let report = {
+                    let mut progress = |step: &str| {
+                        send(
+                            &mut std::io::stdout().lock(),
+                            &Message::Progress {
+                                step: step.to_string(),
+                            },
+                        )
+                    };
+                    backend.evaluate(&job, &mut progress)
+                };
+                let fault = report.fault.is_some();
+                send(
+                    &mut out,
+                    &Message::Report {
+                        report: Box::new(report),
+                    },
+                );
+                if fault {
+                    // The context is poisoned: every later call would fail.
+                    return 3;
+                }
+            }
+            Request::Shutdown => return 0,
+        }
+    }
+    0
+}
+
+/// Evaluates one job read from a file and prints the report: the form compute-sanitizer
+/// runs the worker in.
+pub fn oneshot(kind: WorkerKind, job: &std::path::Path) -> i32 {
+    let job: EvalJob = match std::fs::read_to_string(job)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+    {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("kopt worker: cannot read the job: {e}");
+            return 2;
+        }
+    };
+    let mut backend: Box<dyn Backend> = match kind {
+        WorkerKind::Fake => Box::new(fake::FakeBackend::new()),
+        WorkerKind::Cuda { device } => match cuda::CudaBackend::new(device) {
+            Ok(b) => Box::new(b),
+            Err(e) => {
+                eprintln!("kopt worker: {e}");
+                return 2;
+            }
+        },
+    };
+    let report = backend.evaluate(&job, &mut |_| {});
+    send(
+        &mut std::io::stdout().lock(),
+        &Message::Report {
+            report: Box::new(report.clone()),
+        },
+    );
+    if report.fault.is_some() {
+        3
+    } else {
+        0
+    }
+}
+
+fn send(out: &mut impl Write, m: &Message) {
+    let line = serde_json::to_string(m).expect("messages serialise");
+    // A parent that went away is not this process's problem to report.
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
