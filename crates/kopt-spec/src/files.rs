@@ -594,8 +594,7 @@ fn render_snapshots(md: &mut String, s: &Snapshots) {
         }
         md.push('\n');
     }
-    for (label, snap) in std::iter::once(("Before", &s.before)).chain(after.map(|a| ("After", a)))
-    {
+    for (label, snap) in std::iter::once(("Before", &s.before)).chain(after.map(|a| ("After", a))) {
         if snap.text.trim().is_empty() {
             continue;
         }

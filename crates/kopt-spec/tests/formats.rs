@@ -218,12 +218,24 @@ fn rationale_without_optional_parts() {
         },
     };
     let json = r.to_json();
-    for absent in ["claim", "snapshots", "confidence", "budget", "copy_bandwidth_gbs", "session"] {
+    for absent in [
+        "claim",
+        "snapshots",
+        "confidence",
+        "budget",
+        "copy_bandwidth_gbs",
+        "session",
+    ] {
         assert!(!json.contains(absent), "{absent} in {json}");
     }
     let md = r.render_markdown();
     assert!(md.starts_with("# `k` / `v` on sm_80\n"), "{md}");
-    for absent in ["Bottleneck snapshot", "Confidence", "budget used", "Verified by"] {
+    for absent in [
+        "Bottleneck snapshot",
+        "Confidence",
+        "budget used",
+        "Verified by",
+    ] {
         assert!(!md.contains(absent), "{absent} in {md}");
     }
     assert!(md.contains("recorded session: none"), "{md}");
