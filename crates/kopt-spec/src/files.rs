@@ -530,8 +530,8 @@ impl Rationale {
         let _ = writeln!(md, "\nSeeds: {seeds}\n");
         if let Some(c) = &self.claim {
             let by = match c.verified_by {
-                VerifiedBy::Kopt => "kopt's verification",
-                VerifiedBy::Manual => "a person (`verified_by = \"manual\"`)",
+                VerifiedBy::Kopt => "kopt",
+                VerifiedBy::Manual => "a person, not by kopt (`verified_by = \"manual\"`),",
             };
             let _ = writeln!(
                 md,
