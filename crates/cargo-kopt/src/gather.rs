@@ -52,6 +52,9 @@ pub struct Gathered {
     pub errors: Vec<AnnotationError>,
     /// The packages that were searched (those depending on kopt).
     pub packages: Vec<Package>,
+    /// The workspace's root and target folders, as `cargo metadata` reports them.
+    pub workspace_root: PathBuf,
+    pub target_dir: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +83,11 @@ pub fn gather(sel: &Selection) -> Result<Gathered, GatherError> {
             return Err(GatherError::UnknownPackage(p.clone()));
         }
     }
-    let mut out = Gathered::default();
+    let mut out = Gathered {
+        workspace_root: meta.workspace_root.as_std_path().to_path_buf(),
+        target_dir: meta.target_directory.as_std_path().to_path_buf(),
+        ..Gathered::default()
+    };
     let mut selected: Vec<&cargo_metadata::Package> = members
         .into_iter()
         .filter(|p| sel.packages.is_empty() || sel.packages.iter().any(|s| s == p.name.as_str()))

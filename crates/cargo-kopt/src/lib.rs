@@ -3,8 +3,14 @@
 //! - [`gather`]: find the annotated kernels of a workspace (cargo metadata + syn + the
 //!   macro's own parser) and resolve their committed files;
 //! - [`commands`]: `list`, `check`, `pin`, `revert` as functions returning data;
+//! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
+//! - [`review`]: the interactive review of pending variants;
+//! - [`store_cli`]: the store commands' arguments and their rendering;
 //! - [`table`]: plain-text tables for people.
 
 pub mod commands;
 pub mod gather;
+pub mod review;
+pub mod store;
+pub mod store_cli;
 pub mod table;
