@@ -74,9 +74,11 @@ pub struct PendingReport {
 pub fn pending_report(g: &Gathered) -> PendingReport {
     let kopt = kopt_dir(g);
     let listing = pending::list(&kopt);
+    let selected: Vec<&str> = g.packages.iter().map(|p| p.name.as_str()).collect();
     let pending = listing
         .variants
         .iter()
+        .filter(|p| selected.contains(&p.meta.package.as_str()))
         .map(|p| {
             let (status, reason, replaces) = match kernel_of(g, p) {
                 None => (

@@ -197,7 +197,7 @@ pub fn pending(g: &Gathered, json: bool) -> ExitCode {
     for (path, why) in &report.broken {
         let _ = writeln!(
             out,
-            "{}unreadable{:#}: {} ({why})",
+            "{}unreadable{:#}: {} ({why}); delete the folder to drop it",
             red(),
             red(),
             path.display()
