@@ -389,7 +389,13 @@ impl CaseLibrary {
                 change: r.get(7)?,
                 outcome: Outcome {
                     speedup: r.get(8)?,
-                    status: Status::parse(&status).unwrap_or(Status::Failed),
+                    status: Status::parse(&status).map_err(|e| {
+                        rusqlite::Error::FromSqlConversionFailure(
+                            9,
+                            rusqlite::types::Type::Text,
+                            Box::new(e),
+                        )
+                    })?,
                     failure_class: r.get(10)?,
                 },
                 origin: Origin {
