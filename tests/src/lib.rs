@@ -124,3 +124,67 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// The shipped `online-vec4` softmax variant of a workspace copy, as the optimisation
+/// loop would leave it pending: renamed `variant`, from run `run_id`, verified against
+/// `hashes` (reference, spec) for `arch`, its source ending with `tweak` (so that variants
+/// can differ). Tests seed the pending area with it through `kopt_store::pending::save`.
+pub fn pending_from_shipped(
+    ws: &ExampleWorkspace,
+    variant: &str,
+    run_id: &str,
+    arch: &str,
+    hashes: (&str, &str),
+    tweak: &str,
+) -> kopt_store::pending::PendingVariant {
+    use kopt_spec::files::{Rationale, VariantFile, VerifiedBy, FORMAT};
+    use kopt_store::pending::{EvidenceSummary, Fence, PendingMeta, PendingVariant};
+    let dir = "kopt/softmax/online-vec4";
+    let mut v = VariantFile::parse(&ws.read(&format!("{dir}/variant.toml"))).unwrap();
+    v.id = variant.into();
+    let mut r = Rationale::parse(&ws.read(&format!("{dir}/rationale.json"))).unwrap();
+    r.variant = variant.into();
+    r.arch = arch.into();
+    r.claim = None;
+    PendingVariant {
+        meta: PendingMeta {
+            format: FORMAT,
+            package: "llm-kernels".into(),
+            kernel: "softmax".into(),
+            arch: arch.into(),
+            variant: variant.into(),
+            region: Some("cols % 4 == 0".into()),
+            reference_hash: hashes.0.into(),
+            spec_hash: hashes.1.into(),
+            verified_by: VerifiedBy::Kopt,
+            created_at: "2026-11-30T10:00:00Z".into(),
+            run_id: run_id.into(),
+            session: None,
+            kind: Some("softmax".into()),
+            baseline: None,
+            evidence: EvidenceSummary {
+                shapes_checked: vec![
+                    "cols=4096 rows=4096".into(),
+                    "cols=65536 rows=16".into(),
+                    "cols=1024 rows=32768".into(),
+                ],
+                held_out_shapes: vec!["cols=1000 rows=3".into()],
+                fences: vec![
+                    Fence {
+                        name: "numerics".into(),
+                        passed: true,
+                        detail: "max rel error 1.01e-6 <= rtol 1e-4 on 3 seeds".into(),
+                    },
+                    Fence {
+                        name: "poisoned outputs".into(),
+                        passed: true,
+                        detail: "every output element written".into(),
+                    },
+                ],
+            },
+        },
+        source: format!("{}{tweak}", ws.read(&format!("{dir}/kernel.cu"))),
+        variant: v,
+        rationale: r,
+    }
+}

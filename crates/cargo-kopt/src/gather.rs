@@ -52,7 +52,8 @@ pub struct Gathered {
     pub errors: Vec<AnnotationError>,
     /// The packages that were searched (those depending on kopt).
     pub packages: Vec<Package>,
-    /// The workspace's target folder; kopt keeps its runs and caches in `kopt/` under it.
+    /// The workspace's root, as `cargo metadata` reports it.
+    pub workspace_root: PathBuf,
     pub target_dir: PathBuf,
 }
 
@@ -83,6 +84,7 @@ pub fn gather(sel: &Selection) -> Result<Gathered, GatherError> {
         }
     }
     let mut out = Gathered {
+        workspace_root: meta.workspace_root.as_std_path().to_path_buf(),
         target_dir: meta.target_directory.as_std_path().to_path_buf(),
         ..Gathered::default()
     };

@@ -5,10 +5,16 @@
 //! - [`commands`]: `list`, `check`, `pin`, `revert` as functions returning data;
 //! - [`eval`]: `verify` and `bench` through the evaluation engine;
 //! - [`render`]: their tables;
+//! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
+//! - [`review`]: the interactive review of pending variants;
+//! - [`store_cli`]: the store commands' arguments and their rendering;
 //! - [`table`]: plain-text tables for people.
 
 pub mod commands;
 pub mod eval;
 pub mod gather;
 pub mod render;
+pub mod review;
+pub mod store;
+pub mod store_cli;
 pub mod table;

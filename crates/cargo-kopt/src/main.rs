@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anstyle::{AnsiColor, Style};
 use cargo_kopt::commands::{self, Edit};
 use cargo_kopt::gather::{self, Gathered, Selection};
+use cargo_kopt::store_cli;
 use cargo_kopt::table::Table;
 use cargo_kopt::{eval, render};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -81,13 +82,73 @@ enum Command {
         #[arg(long)]
         region: Option<String>,
     },
-    /// Drop the accepted variant(s) of a kernel: the reference runs instead.
+    /// Drop the accepted variant(s) of a kernel: the reference runs instead. With
+    /// `--to VARIANT`, make an earlier variant (its folder still in kopt/KERNEL/) the
+    /// accepted one again, if it was verified against today's reference and annotation.
     Revert {
         kernel: String,
-        /// Only this architecture (default: all).
+        /// Only this architecture (default: all; with --to, the variant's own).
         #[arg(long)]
         arch: Option<String>,
+        /// What runs afterwards: `reference` (the default) or an earlier variant.
+        #[arg(long, value_name = "VARIANT|reference")]
+        to: Option<String>,
     },
+    // --- store commands (issue 4)
+    /// List the pending variants (verified winners of optimisation runs) awaiting review.
+    Pending,
+    /// Review pending variants one by one: rationale, figures, evidence, what they
+    /// replace, source diff. Keys: a accept, r reject, s skip, d full diff, q quit.
+    Review {
+        /// Only this kernel's pending variants.
+        kernel: Option<String>,
+        /// Only this architecture's.
+        #[arg(long)]
+        arch: Option<String>,
+        #[command(flatten)]
+        cases: store_cli::CaseRecording,
+    },
+    /// Accept pending variant(s) without review: writes kopt/KERNEL/VARIANT/ and the lock
+    /// file, printing any accepted variant it replaces.
+    Accept {
+        kernel: Option<String>,
+        /// Only this architecture's.
+        #[arg(long)]
+        arch: Option<String>,
+        /// Every pending variant selected (of KERNEL, or of the workspace).
+        #[arg(long)]
+        all: bool,
+        /// Accept under another variant name (when its own is taken).
+        #[arg(long = "as", value_name = "NAME")]
+        rename: Option<String>,
+        #[command(flatten)]
+        cases: store_cli::CaseRecording,
+    },
+    /// Reject pending variant(s): kept in their run's folder, and in the case library as
+    /// negative cases.
+    Reject {
+        kernel: Option<String>,
+        /// Only this architecture's.
+        #[arg(long)]
+        arch: Option<String>,
+        /// Every pending variant selected.
+        #[arg(long)]
+        all: bool,
+        /// Why, for the run's journal.
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        cases: store_cli::CaseRecording,
+    },
+    /// The case library: past diagnoses and their outcomes (list, show, search, import,
+    /// export).
+    Cases {
+        #[command(flatten)]
+        library: store_cli::CasesPath,
+        #[command(subcommand)]
+        command: store_cli::CasesCommand,
+    },
+    // --- end of store commands (issue 4)
     // --- evaluation engine commands (issue 3)
     /// Re-verify every accepted variant on this GPU: numerics on fresh inputs, held-out
     /// shapes, anti-cheat checks, the performance watchdog, compute-sanitizer.
@@ -199,6 +260,14 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
     let g = &cli.global;
+    let json = g.message_format == MessageFormat::Json;
+    // The case library needs no workspace.
+    let command = match cli.command {
+        Command::Cases { library, command } => {
+            return store_cli::cases_command(&library, command, json)
+        }
+        other => other,
+    };
     let sel = Selection {
         manifest_path: g.manifest_path.clone(),
         packages: if g.workspace {
@@ -209,8 +278,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         exclude: g.exclude.clone(),
     };
     let gathered = gather::gather(&sel).map_err(|e| e.to_string())?;
-    let json = g.message_format == MessageFormat::Json;
-    match cli.command {
+    match command {
         Command::List => {
             let listed = commands::list(&gathered);
             if json {
@@ -249,12 +317,56 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             report_edit(&edit, json);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Revert { kernel, arch } => {
-            let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
-            let edit = commands::revert(k, arch.as_deref()).map_err(|e| e.to_string())?;
-            report_edit(&edit, json);
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Revert { kernel, arch, to } => match to.as_deref() {
+            Some(variant) if variant != "reference" => {
+                store_cli::revert_to(&gathered, &kernel, variant, arch.as_deref(), json)
+            }
+            _ => {
+                let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
+                let edit = commands::revert(k, arch.as_deref()).map_err(|e| e.to_string())?;
+                report_edit(&edit, json);
+                Ok(ExitCode::SUCCESS)
+            }
+        },
+        // --- store commands (issue 4)
+        Command::Pending => Ok(store_cli::pending(&gathered, json)),
+        Command::Review {
+            kernel,
+            arch,
+            cases,
+        } => store_cli::review(&gathered, kernel.as_deref(), arch.as_deref(), &cases, json),
+        Command::Accept {
+            kernel,
+            arch,
+            all,
+            rename,
+            cases,
+        } => store_cli::accept(
+            &gathered,
+            kernel.as_deref(),
+            arch.as_deref(),
+            all,
+            rename.as_deref(),
+            &cases,
+            json,
+        ),
+        Command::Reject {
+            kernel,
+            arch,
+            all,
+            reason,
+            cases,
+        } => store_cli::reject(
+            &gathered,
+            kernel.as_deref(),
+            arch.as_deref(),
+            all,
+            reason.as_deref(),
+            &cases,
+            json,
+        ),
+        Command::Cases { .. } => unreachable!("handled before gathering"),
+        // --- end of store commands (issue 4)
         Command::Verify {
             kernels,
             eval: args,

@@ -33,6 +33,16 @@ pub const VARIANT_FILE: &str = "variant.toml";
 pub const RATIONALE_JSON: &str = "rationale.json";
 pub const RATIONALE_MD: &str = "RATIONALE.md";
 
+/// Whether `name` may name a variant (a folder under `kopt/<kernel>/`): ASCII letters,
+/// digits, `-`, `_` and `.`, not starting with `.` (kopt's own temporary folders do).
+pub fn is_valid_variant_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+}
+
 /// `<crate>/kopt/<kernel>`.
 pub fn kernel_dir(crate_root: &Path, kernel: &str) -> PathBuf {
     crate_root.join("kopt").join(kernel)
@@ -208,20 +218,64 @@ impl VariantFile {
 
 /// The audit record of a variant: why it exists and the evidence that it is right and
 /// faster. `RATIONALE.md` is rendered from it, so the two never disagree.
+///
+/// Optional fields are left out of the JSON when absent, so that a record written before
+/// they existed reads and renders exactly as it did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rationale {
     pub format: u32,
     pub kernel: String,
     pub variant: String,
     pub arch: String,
+    /// The lock entry the evidence vouches for: region and the hashes it was verified
+    /// against. `cargo kopt revert --to` re-activates a variant from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<Claim>,
     /// One paragraph: what changed and what it bought.
     pub summary: String,
+    /// The bottleneck snapshot of the version it replaces and of the variant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<Snapshots>,
     pub diagnosis: Diagnosis,
     pub changes: Vec<Change>,
     pub risks: Vec<Risk>,
     pub verification: Verification,
     pub figures: Vec<ShapeFigures>,
     pub provenance: Provenance,
+}
+
+/// What a variant was verified as: the fields of its lock entry that do not depend on
+/// the variant's own files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// The condition over the scalar arguments where it runs; absent means every shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    pub verified_by: VerifiedBy,
+    /// Hash of the amalgamated reference source at verification.
+    pub reference_hash: String,
+    /// Hash of the spec (the annotation) at verification.
+    pub spec_hash: String,
+}
+
+/// A compressed, ranked summary of what was measured about one version of a kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BottleneckSnapshot {
+    /// `memory-bound`, `latency-bound`, `compute-bound`, `occupancy-limited`, ...
+    pub classification: String,
+    /// A short text rendering, a few lines, as the agent saw it.
+    pub text: String,
+    /// Key metrics by name (e.g. `dram_throughput_pct`), in name order.
+    #[serde(default)]
+    pub metrics: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshots {
+    /// The version the variant replaces (the reference, or the accepted variant).
+    pub before: BottleneckSnapshot,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<BottleneckSnapshot>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -231,6 +285,17 @@ pub struct Diagnosis {
     pub explanation: String,
     /// The measurements the diagnosis rests on.
     pub evidence: Vec<String>,
+    /// How much past cases support the diagnosis (from the case library, not the model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<Confidence>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Confidence {
+    /// The retrieval similarity of the nearest past case with this diagnosis, 0 to 1.
+    pub score: f64,
+    /// The ids of the past cases it rests on, nearest first.
+    pub cases: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -293,11 +358,55 @@ pub struct Provenance {
     pub device: String,
     pub driver: String,
     pub date: String,
+    /// The device-to-device copy bandwidth measured on the device, GB/s: what the
+    /// `% copy bandwidth` figures are a percentage of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_bandwidth_gbs: Option<f64>,
     /// The recorded session, relative to the workspace, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// What the run that produced the variant spent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<String>,
+    pub budget: Option<BudgetUsed>,
+}
+
+/// What an optimisation run spent on a variant; each figure is optional because not
+/// every agent reports every one (the heuristic agent uses no tokens).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BudgetUsed {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_time_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+}
+
+impl BudgetUsed {
+    /// `3 rounds, 7 candidates, 412 s, 51200 tokens, $0.42`; `None` when nothing is known.
+    pub fn describe(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(r) = self.rounds {
+            parts.push(format!("{r} round{}", if r == 1 { "" } else { "s" }));
+        }
+        if let Some(c) = self.candidates {
+            parts.push(format!("{c} candidate{}", if c == 1 { "" } else { "s" }));
+        }
+        if let Some(w) = self.wall_time_s {
+            parts.push(format!("{w:.0} s of wall time"));
+        }
+        if let Some(t) = self.tokens {
+            parts.push(format!("{t} tokens"));
+        }
+        if let Some(c) = self.cost_usd {
+            parts.push(format!("${c:.2}"));
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
 }
 
 impl Rationale {
@@ -321,12 +430,21 @@ impl Rationale {
     /// RATIONALE.md: written for a reviewer who was not there.
     pub fn render_markdown(&self) -> String {
         let mut md = String::new();
+        let region = self
+            .claim
+            .as_ref()
+            .and_then(|c| c.region.as_ref())
+            .map(|r| format!(", where `{r}`"))
+            .unwrap_or_default();
         let _ = writeln!(
             md,
-            "# `{}` / `{}` on {}\n",
+            "# `{}` / `{}` on {}{region}\n",
             self.kernel, self.variant, self.arch
         );
         let _ = writeln!(md, "{}\n", self.summary);
+        if let Some(s) = &self.snapshots {
+            render_snapshots(&mut md, s);
+        }
         let _ = writeln!(md, "## Diagnosis: {}\n", self.diagnosis.bottleneck);
         let _ = writeln!(md, "{}\n", self.diagnosis.explanation);
         if !self.diagnosis.evidence.is_empty() {
@@ -335,6 +453,22 @@ impl Rationale {
                 let _ = writeln!(md, "- {e}");
             }
             md.push('\n');
+        }
+        if let Some(c) = &self.diagnosis.confidence {
+            let cases = if c.cases.is_empty() {
+                "no similar past case".to_string()
+            } else {
+                c.cases
+                    .iter()
+                    .map(|id| format!("`{id}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let _ = writeln!(
+                md,
+                "Confidence: {:.2}, the similarity of past cases with this diagnosis ({cases}).\n",
+                c.score
+            );
         }
         let _ = writeln!(md, "## Changes\n");
         for (i, c) in self.changes.iter().enumerate() {
@@ -394,12 +528,26 @@ impl Rationale {
             .collect::<Vec<_>>()
             .join(", ");
         let _ = writeln!(md, "\nSeeds: {seeds}\n");
+        if let Some(c) = &self.claim {
+            let by = match c.verified_by {
+                VerifiedBy::Kopt => "kopt",
+                VerifiedBy::Manual => "a person, not by kopt (`verified_by = \"manual\"`),",
+            };
+            let _ = writeln!(
+                md,
+                "Verified by {by} against the reference source `{}` and the annotation `{}`.\n",
+                c.reference_hash, c.spec_hash
+            );
+        }
         let _ = writeln!(md, "## Provenance\n");
         let p = &self.provenance;
         let _ = writeln!(md, "- proposed by: {}", p.agent);
         let _ = writeln!(md, "- measured on: {} (driver {})", p.device, p.driver);
+        if let Some(bw) = p.copy_bandwidth_gbs {
+            let _ = writeln!(md, "- measured copy bandwidth: {bw:.0} GB/s");
+        }
         let _ = writeln!(md, "- date: {}", p.date);
-        if let Some(b) = &p.budget {
+        if let Some(b) = p.budget.as_ref().and_then(BudgetUsed::describe) {
             let _ = writeln!(md, "- budget used: {b}");
         }
         match &p.session {
@@ -414,6 +562,43 @@ impl Rationale {
             }
         }
         md
+    }
+}
+
+/// The snapshot section: the metrics side by side, then each text rendering.
+fn render_snapshots(md: &mut String, s: &Snapshots) {
+    let _ = writeln!(md, "## Bottleneck snapshot, before and after\n");
+    let after = s.after.as_ref();
+    let mut names: Vec<&String> = s.before.metrics.keys().collect();
+    if let Some(a) = after {
+        names.extend(a.metrics.keys());
+    }
+    names.sort();
+    names.dedup();
+    let _ = writeln!(
+        md,
+        "Before: {}. After: {}.\n",
+        s.before.classification,
+        after.map_or("not measured", |a| a.classification.as_str())
+    );
+    if !names.is_empty() {
+        let _ = writeln!(md, "| metric | before | after |\n| --- | ---: | ---: |");
+        for n in names {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} |",
+                cell(n),
+                opt(s.before.metrics.get(n).map(|v| v.to_string())),
+                opt(after.and_then(|a| a.metrics.get(n)).map(|v| v.to_string())),
+            );
+        }
+        md.push('\n');
+    }
+    for (label, snap) in std::iter::once(("Before", &s.before)).chain(after.map(|a| ("After", a))) {
+        if snap.text.trim().is_empty() {
+            continue;
+        }
+        let _ = writeln!(md, "{label}:\n\n```text\n{}\n```\n", snap.text.trim_end());
     }
 }
 

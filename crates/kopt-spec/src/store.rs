@@ -212,13 +212,7 @@ fn resolve_entry(
             entry.arch
         )));
     }
-    if entry.variant.is_empty()
-        || !entry
-            .variant
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        || entry.variant.starts_with('.')
-    {
+    if !files::is_valid_variant_name(&entry.variant) {
         return Err(corrupt(format!(
             "`{}` is not a valid variant name",
             entry.variant

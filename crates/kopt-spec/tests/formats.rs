@@ -96,11 +96,39 @@ fn rationale_formats() {
         kernel: "rmsnorm".into(),
         variant: "vec8".into(),
         arch: "sm_90".into(),
+        claim: Some(Claim {
+            region: Some("cols % 8 == 0".into()),
+            verified_by: VerifiedBy::Kopt,
+            reference_hash: "sha256:aaaa".into(),
+            spec_hash: "sha256:bbbb".into(),
+        }),
         summary: "Loads eight halves per thread.".into(),
+        snapshots: Some(Snapshots {
+            before: BottleneckSnapshot {
+                classification: "memory-bound".into(),
+                text: "dram 61% of peak\nstall: long scoreboard 48%".into(),
+                metrics: BTreeMap::from([
+                    ("dram_throughput_pct".into(), 61.0),
+                    ("achieved_occupancy_pct".into(), 88.5),
+                ]),
+            },
+            after: Some(BottleneckSnapshot {
+                classification: "memory-bound".into(),
+                text: "dram 93% of peak".into(),
+                metrics: BTreeMap::from([
+                    ("dram_throughput_pct".into(), 93.0),
+                    ("registers".into(), 32.0),
+                ]),
+            }),
+        }),
         diagnosis: Diagnosis {
             bottleneck: "memory-bound".into(),
             explanation: "2-byte loads | narrow".into(),
             evidence: vec!["dram 61% of peak".into()],
+            confidence: Some(Confidence {
+                score: 0.8125,
+                cases: vec!["llm/rmsnorm/vec8@sm_90".into()],
+            }),
         },
         changes: vec![Change {
             what: "uint4 loads".into(),
@@ -137,11 +165,78 @@ fn rationale_formats() {
             device: "NVIDIA H200".into(),
             driver: "580.159.04".into(),
             date: "2026-11-29".into(),
-            session: Some("target/kopt/runs/1/session.jsonl".into()),
-            budget: None,
+            copy_bandwidth_gbs: Some(4280.0),
+            session: Some("target/kopt/runs/1/journal.jsonl".into()),
+            budget: Some(BudgetUsed {
+                rounds: Some(3),
+                candidates: Some(7),
+                wall_time_s: Some(412.4),
+                tokens: None,
+                cost_usd: None,
+            }),
         },
     };
     insta::assert_snapshot!("rationale_json", r.to_json());
     insta::assert_snapshot!("rationale_md", r.render_markdown());
     assert_eq!(Rationale::parse(&r.to_json()).unwrap(), r, "round trip");
+}
+
+/// A record without the optional parts (as written before they existed) renders without
+/// their sections, and its JSON has no trace of them.
+#[test]
+fn rationale_without_optional_parts() {
+    let r = Rationale {
+        format: FORMAT,
+        kernel: "k".into(),
+        variant: "v".into(),
+        arch: "sm_80".into(),
+        claim: None,
+        summary: "s".into(),
+        snapshots: None,
+        diagnosis: Diagnosis {
+            bottleneck: "b".into(),
+            explanation: "e".into(),
+            evidence: vec![],
+            confidence: None,
+        },
+        changes: vec![],
+        risks: vec![],
+        verification: Verification {
+            method: "m".into(),
+            outputs: vec![],
+            seeds: vec![1],
+        },
+        figures: vec![],
+        provenance: Provenance {
+            agent: "a".into(),
+            device: "d".into(),
+            driver: "r".into(),
+            date: "2026-01-01".into(),
+            copy_bandwidth_gbs: None,
+            session: None,
+            budget: None,
+        },
+    };
+    let json = r.to_json();
+    for absent in [
+        "claim",
+        "snapshots",
+        "confidence",
+        "budget",
+        "copy_bandwidth_gbs",
+        "session",
+    ] {
+        assert!(!json.contains(absent), "{absent} in {json}");
+    }
+    let md = r.render_markdown();
+    assert!(md.starts_with("# `k` / `v` on sm_80\n"), "{md}");
+    for absent in [
+        "Bottleneck snapshot",
+        "Confidence",
+        "budget used",
+        "Verified by",
+    ] {
+        assert!(!md.contains(absent), "{absent} in {md}");
+    }
+    assert!(md.contains("recorded session: none"), "{md}");
 }

@@ -1,0 +1,652 @@
+//! Accepting a pending variant into the crate's committed files, rejecting it, and
+//! re-activating an earlier variant.
+//!
+//! Accepting is planned first ([`plan_accept`]: refuses a stale or unusable variant, and
+//! says which accepted variants it replaces, so that review can show them), then applied
+//! ([`apply_accept`]) in an order a crash cannot break:
+//!
+//! 1. the variant's folder `kopt/<kernel>/<variant>/` is written under a hidden temporary
+//!    name, synced, and renamed into place (a folder nothing refers to yet);
+//! 2. `kopt.lock` is rewritten atomically: **the commit point**. Before it the build uses
+//!    the old variants, after it the new one; it never sees a half-written state;
+//! 3. the reference source is touched if the lock file is new (cargo tracks only files
+//!    that existed at the last build), and the pending variant is moved into its run's
+//!    folder (`runs/<run-id>/accepted/`).
+//!
+//! An accepted variant's files are never overwritten: a folder of the same name holding
+//! other code is a conflict (accept under another name with `--as`).
+
+use std::path::{Path, PathBuf};
+
+use kopt_spec::files::{self, Claim, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy};
+use kopt_spec::source::{self, Amalgamated};
+use kopt_spec::spec::KernelSpec;
+use kopt_spec::store::{self, Hashes, Unusable};
+use serde::Serialize;
+
+use crate::journal::{self, Decision, Event};
+use crate::layout::KoptDir;
+use crate::pending::{self, PendingVariant};
+use crate::{fsx, io, Error, Result};
+
+/// The kernel a variant is for, as gathered from the workspace today.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelTarget<'a> {
+    pub package: &'a str,
+    pub crate_root: &'a Path,
+    pub spec: &'a KernelSpec,
+    /// Today's hashes of the reference and the spec.
+    pub hashes: &'a Hashes,
+    /// Today's amalgamated reference (for diffs, and the files cargo tracks).
+    pub reference: &'a Amalgamated,
+}
+
+impl KernelTarget<'_> {
+    pub fn kernel(&self) -> &str {
+        &self.spec.name
+    }
+
+    pub fn kernel_dir(&self) -> PathBuf {
+        files::kernel_dir(self.crate_root, &self.spec.name)
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        self.kernel_dir().join(files::LOCK_FILE)
+    }
+
+    /// `kopt/softmax/kopt.lock`, relative to the crate root.
+    pub fn rel(&self, p: &Path) -> String {
+        p.strip_prefix(self.crate_root)
+            .unwrap_or(p)
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+
+    /// The current lock file, or `None` when the kernel has none.
+    fn read_lock(&self) -> Result<Option<LockFile>> {
+        let path = self.lock_path();
+        match std::fs::read_to_string(&path) {
+            Ok(t) => LockFile::parse(&t).map(Some).map_err(|e| {
+                Error::Invalid(format!(
+                    "{}: {e}; restore it from version control first (`git checkout -- {}`)",
+                    self.rel(&path),
+                    self.rel(&path)
+                ))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+}
+
+/// An accepted variant that an accept (or a re-activation) takes out of the lock file.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplacedVariant {
+    pub entry: LockEntry,
+    /// `active`, `stale` or `corrupt` today.
+    pub status: String,
+    /// Its kernel.cu, when it can be read (for the diff).
+    #[serde(skip)]
+    pub source: Option<String>,
+    /// The first line of its rationale's summary.
+    pub summary: Option<String>,
+}
+
+/// What happens to the variant's folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FolderAction {
+    /// The folder is new.
+    Create,
+    /// The folder holds the same kernel.cu and variant.toml (the same variant verified
+    /// again): only its audit files are rewritten.
+    RefreshAudit,
+}
+
+/// What accepting a pending variant will do, before it does it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AcceptPlan {
+    #[serde(skip)]
+    pub pending: PendingVariant,
+    /// The pending variant's own id, when it is accepted under another (`--as`).
+    pub renamed_from: Option<String>,
+    pub entry: LockEntry,
+    pub replaces: Vec<ReplacedVariant>,
+    pub folder: FolderAction,
+    pub creates_lock: bool,
+    /// Things a reviewer should know (e.g. it was measured against another variant than
+    /// the one accepted now).
+    pub notes: Vec<String>,
+    /// The lock entries of the architecture when planned: applying refuses if they
+    /// changed meanwhile.
+    #[serde(skip)]
+    arch_entries_when_planned: Vec<LockEntry>,
+}
+
+fn status_of(state: &store::KernelState, e: &LockEntry) -> String {
+    state
+        .entries
+        .iter()
+        .find(|r| r.entry == *e)
+        .map_or("missing".into(), |r| match &r.status {
+            Ok(_) => "active".into(),
+            Err(Unusable::Stale(m)) => format!("stale: {m}"),
+            Err(Unusable::Corrupt(m)) => format!("corrupt: {m}"),
+        })
+}
+
+fn replaced_variant(
+    t: &KernelTarget,
+    state: &store::KernelState,
+    e: &LockEntry,
+) -> ReplacedVariant {
+    let vdir = t.kernel_dir().join(&e.variant);
+    ReplacedVariant {
+        status: status_of(state, e),
+        source: std::fs::read_to_string(vdir.join(files::SOURCE_FILE)).ok(),
+        summary: std::fs::read_to_string(vdir.join(files::RATIONALE_JSON))
+            .ok()
+            .and_then(|t| Rationale::parse(&t).ok())
+            .map(|r| r.summary),
+        entry: e.clone(),
+    }
+}
+
+/// Plans accepting `pending` (under `rename` if given): refuses it when it was verified
+/// against another reference or annotation than today's, when the build could not use
+/// it, or when its folder name is taken by other code.
+pub fn plan_accept(
+    t: &KernelTarget,
+    kopt: &KoptDir,
+    pending: &PendingVariant,
+    rename: Option<&str>,
+) -> Result<AcceptPlan> {
+    pending.validate()?;
+    let m = &pending.meta;
+    let kernel = t.kernel();
+    if m.kernel != kernel || m.package != t.package {
+        return Err(Error::Invalid(format!(
+            "pending variant {} is not for `{kernel}` of `{}`",
+            pending.label(),
+            t.package
+        )));
+    }
+    let reject_hint = format!(
+        "or drop it with `cargo kopt reject {kernel} --arch {}`",
+        m.arch
+    );
+    if m.reference_hash != t.hashes.reference {
+        return Err(Error::Stale(format!(
+            "pending variant `{}` of `{kernel}` for {} is stale: the reference source (or one of its includes) changed since run {} verified it, so its verification no longer holds; re-verify it against today's reference by optimising again (`cargo kopt optimize {kernel}`), {reject_hint}",
+            m.variant, m.arch, m.run_id
+        )));
+    }
+    if m.spec_hash != t.hashes.spec {
+        return Err(Error::Stale(format!(
+            "pending variant `{}` of `{kernel}` for {} is stale: the #[kopt::kernel] annotation changed since run {} verified it (shapes, tolerances or geometry may differ); re-verify it by optimising again (`cargo kopt optimize {kernel}`), {reject_hint}",
+            m.variant, m.arch, m.run_id
+        )));
+    }
+    let mut p = pending.clone();
+    let mut renamed_from = None;
+    if let Some(new) = rename.filter(|n| *n != m.variant) {
+        if !files::is_valid_variant_name(new) {
+            return Err(Error::Invalid(format!(
+                "`{new}` is not a valid variant name (letters, digits, `-`, `_`, `.`)"
+            )));
+        }
+        renamed_from = Some(m.variant.clone());
+        p.meta.variant = new.to_string();
+        p.variant.id = new.to_string();
+        p.rationale.variant = new.to_string();
+    }
+    // The committed rationale records what it vouches for, so that the variant can be
+    // re-activated later (`cargo kopt revert --to`) while that is still today's.
+    p.rationale.claim = Some(Claim {
+        region: p.meta.region.clone(),
+        verified_by: p.meta.verified_by,
+        reference_hash: p.meta.reference_hash.clone(),
+        spec_hash: p.meta.spec_hash.clone(),
+    });
+    let variant_text = p.variant.render();
+    let entry = LockEntry {
+        arch: p.meta.arch.clone(),
+        variant: p.meta.variant.clone(),
+        region: p.meta.region.clone(),
+        verified_by: p.meta.verified_by,
+        reference_hash: p.meta.reference_hash.clone(),
+        spec_hash: p.meta.spec_hash.clone(),
+        source_hash: source::hash(p.source.as_bytes()),
+        variant_hash: source::hash(variant_text.as_bytes()),
+    };
+
+    // The folder: new, or the same code verified again; anything else is a conflict.
+    let vdir = t.kernel_dir().join(&entry.variant);
+    let folder = if vdir.exists() {
+        let same = std::fs::read_to_string(vdir.join(files::SOURCE_FILE))
+            .ok()
+            .as_deref()
+            == Some(p.source.as_str())
+            && std::fs::read_to_string(vdir.join(files::VARIANT_FILE))
+                .ok()
+                .as_deref()
+                == Some(variant_text.as_str());
+        if !same {
+            return Err(Error::Conflict(format!(
+                "{} already holds another variant of that name (an accepted variant's files are never overwritten); accept this one under a new name: `cargo kopt accept {kernel} --arch {} --as {}-2`",
+                t.rel(&vdir),
+                entry.arch,
+                entry.variant
+            )));
+        }
+        FolderAction::RefreshAudit
+    } else {
+        FolderAction::Create
+    };
+
+    // The build must be able to use it: resolve it exactly as the macro will.
+    check_usable(t, kopt, &entry, &p.source, &variant_text, &p.rationale)?;
+
+    let lock = t.read_lock()?;
+    let state = store::resolve(t.crate_root, t.spec, t.hashes);
+    let arch_entries: Vec<LockEntry> = lock
+        .as_ref()
+        .map(|l| l.entries_for(&entry.arch).cloned().collect())
+        .unwrap_or_default();
+    let replaces: Vec<ReplacedVariant> = arch_entries
+        .iter()
+        .map(|e| replaced_variant(t, &state, e))
+        .collect();
+    let mut notes = Vec::new();
+    let accepted_now = arch_entries.first();
+    match (&p.meta.baseline, accepted_now) {
+        (Some(b), Some(now)) if b.source_hash != now.source_hash => notes.push(format!(
+            "it was measured against `{}`, but `{}` is accepted for {} now: its speedups are relative to the former",
+            b.variant, now.variant, entry.arch
+        )),
+        (Some(b), None) => notes.push(format!(
+            "it was measured against `{}`, which is no longer accepted for {}: its speedups are relative to it, not to the reference",
+            b.variant, entry.arch
+        )),
+        (None, Some(now)) => notes.push(format!(
+            "it was measured against the reference, but `{}` is accepted for {} now",
+            now.variant, entry.arch
+        )),
+        _ => {}
+    }
+    if renamed_from.is_some() {
+        notes.push(format!(
+            "accepted as `{}` (its run called it `{}`)",
+            entry.variant, m.variant
+        ));
+    }
+    Ok(AcceptPlan {
+        pending: p,
+        renamed_from,
+        entry,
+        replaces,
+        folder,
+        creates_lock: lock.is_none(),
+        notes,
+        arch_entries_when_planned: arch_entries,
+    })
+}
+
+/// Lays the variant and a lock holding only its entry out in a scratch crate and resolves
+/// them with [`store::resolve`], the function the macro uses: if the build could not use
+/// the variant, accepting it is refused now rather than discovered at build time.
+fn check_usable(
+    t: &KernelTarget,
+    kopt: &KoptDir,
+    entry: &LockEntry,
+    src: &str,
+    variant_text: &str,
+    rationale: &Rationale,
+) -> Result<()> {
+    let scratch = fsx::hidden_sibling(&kopt.scratch_root().join("accept"), "tmp");
+    let kdir = files::kernel_dir(&scratch, t.kernel());
+    let vdir = kdir.join(&entry.variant);
+    let result = (|| {
+        std::fs::create_dir_all(&vdir).map_err(io(&vdir))?;
+        let write = |p: PathBuf, text: &str| std::fs::write(&p, text).map_err(io(&p));
+        write(vdir.join(files::SOURCE_FILE), src)?;
+        write(vdir.join(files::VARIANT_FILE), variant_text)?;
+        write(vdir.join(files::RATIONALE_JSON), &rationale.to_json())?;
+        write(vdir.join(files::RATIONALE_MD), &rationale.render_markdown())?;
+        let mut lock = LockFile::new(t.kernel());
+        lock.accepted.push(entry.clone());
+        write(kdir.join(files::LOCK_FILE), &lock.render())?;
+        let state = store::resolve(&scratch, t.spec, t.hashes);
+        match state.entries.first().map(|e| &e.status) {
+            Some(Ok(_)) if state.problems.is_empty() => Ok(()),
+            Some(Err(why)) => Err(Error::Invalid(format!(
+                "variant `{}` cannot be accepted: the build could not use it ({})",
+                entry.variant,
+                why.describe()
+            ))),
+            _ => Err(Error::Invalid(format!(
+                "variant `{}` cannot be accepted: {}",
+                entry.variant,
+                state
+                    .problems
+                    .iter()
+                    .map(|p| p.problem.clone())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))),
+        }
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+/// What an accept did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Accepted {
+    pub package: String,
+    pub kernel: String,
+    pub arch: String,
+    pub variant: String,
+    pub region: Option<String>,
+    /// The variant's folder and the lock, relative to the crate root.
+    pub folder: String,
+    pub lock: String,
+    pub replaced: Vec<String>,
+    pub created_lock: bool,
+    /// Where the pending variant was kept, in its run's folder.
+    pub pending_kept_in: Option<PathBuf>,
+    pub notes: Vec<String>,
+}
+
+/// Where a simulated crash stops [`apply_accept_until`] (tests of interruption).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// Some files of the variant written into its temporary folder.
+    DuringFolderWrite,
+    /// The variant's folder in place, the lock not yet rewritten.
+    BeforeLock,
+    /// The lock rewritten, the pending variant not yet moved away.
+    AfterLock,
+}
+
+/// Applies a plan (see the module documentation for the order of the steps).
+pub fn apply_accept(t: &KernelTarget, kopt: &KoptDir, plan: &AcceptPlan) -> Result<Accepted> {
+    Ok(apply_accept_until(t, kopt, plan, None)?.expect("runs to the end without a crash point"))
+}
+
+/// [`apply_accept`], stopping dead at `crash` as a killed process would (no clean-up):
+/// `Ok(None)` then.
+#[doc(hidden)]
+pub fn apply_accept_until(
+    t: &KernelTarget,
+    kopt: &KoptDir,
+    plan: &AcceptPlan,
+    crash: Option<CrashPoint>,
+) -> Result<Option<Accepted>> {
+    let p = &plan.pending;
+    let kdir = t.kernel_dir();
+    fsx::clean_leftovers(&kdir);
+    let lock_before = t.read_lock()?;
+    let arch_now: Vec<LockEntry> = lock_before
+        .as_ref()
+        .map(|l| l.entries_for(&plan.entry.arch).cloned().collect())
+        .unwrap_or_default();
+    if arch_now != plan.arch_entries_when_planned || lock_before.is_none() != plan.creates_lock {
+        return Err(Error::Conflict(format!(
+            "the accepted variants of `{}` for {} changed since this accept was planned; nothing was written: review again",
+            t.kernel(),
+            plan.entry.arch
+        )));
+    }
+
+    // 1. The variant's folder.
+    let vdir = kdir.join(&plan.entry.variant);
+    let variant_text = p.variant.render();
+    let json = p.rationale.to_json();
+    let md = p.rationale.render_markdown();
+    match plan.folder {
+        FolderAction::Create => {
+            if crash == Some(CrashPoint::DuringFolderWrite) {
+                let tmp = fsx::write_temp_dir(&vdir, &[(files::SOURCE_FILE, p.source.as_bytes())])?;
+                fsx::abandon(&tmp);
+                return Ok(None);
+            }
+            fsx::write_dir_atomic(
+                &vdir,
+                &[
+                    (files::SOURCE_FILE, p.source.as_bytes()),
+                    (files::VARIANT_FILE, variant_text.as_bytes()),
+                    (files::RATIONALE_JSON, json.as_bytes()),
+                    (files::RATIONALE_MD, md.as_bytes()),
+                ],
+            )?;
+        }
+        FolderAction::RefreshAudit => {
+            // kernel.cu and variant.toml (what the lock hashes) are already these bytes;
+            // the audit files are replaced one by one, each atomically.
+            for (name, text) in [(files::RATIONALE_JSON, &json), (files::RATIONALE_MD, &md)] {
+                let path = vdir.join(name);
+                files::write_atomic(&path, text.as_bytes()).map_err(io(&path))?;
+            }
+        }
+    }
+    if crash == Some(CrashPoint::BeforeLock) {
+        return Ok(None);
+    }
+
+    // 2. The lock: the commit point.
+    let mut lock = lock_before.unwrap_or_else(|| LockFile::new(t.kernel()));
+    lock.accepted.retain(|e| e.arch != plan.entry.arch);
+    lock.accepted.push(plan.entry.clone());
+    let lock_path = t.lock_path();
+    files::write_atomic(&lock_path, lock.render().as_bytes()).map_err(io(&lock_path))?;
+    if crash == Some(CrashPoint::AfterLock) {
+        return Ok(None);
+    }
+
+    // 3. Make cargo notice, and move the pending variant into its run's folder.
+    if plan.creates_lock {
+        touch_reference(t.reference);
+    }
+    let kept = pending::archive(kopt, &plan.pending, "accepted").ok();
+    let m = &plan.pending.meta;
+    let _ = journal::append_to_run(
+        kopt,
+        &m.run_id,
+        Event::Reviewed {
+            package: m.package.clone(),
+            kernel: m.kernel.clone(),
+            arch: m.arch.clone(),
+            variant: m.variant.clone(),
+            decision: Decision::Accepted,
+            detail: plan
+                .renamed_from
+                .as_ref()
+                .map(|from| format!("accepted as `{}` (was `{from}`)", m.variant)),
+        },
+    );
+    Ok(Some(Accepted {
+        package: m.package.clone(),
+        kernel: m.kernel.clone(),
+        arch: m.arch.clone(),
+        variant: plan.entry.variant.clone(),
+        region: plan.entry.region.clone(),
+        folder: t.rel(&vdir),
+        lock: t.rel(&lock_path),
+        replaced: plan
+            .replaces
+            .iter()
+            .map(|r| r.entry.variant.clone())
+            .collect(),
+        created_lock: plan.creates_lock,
+        pending_kept_in: kept,
+        notes: plan.notes.clone(),
+    }))
+}
+
+/// Cargo tracks the files the macro read. A lock file that did not exist at the last
+/// build was not among them, so creating one must also touch a file that was: the
+/// reference source (only its modification time changes).
+pub fn touch_reference(reference: &Amalgamated) {
+    if let Some(first) = reference.files.first() {
+        if let Ok(f) = std::fs::File::options().append(true).open(first) {
+            let _ = f.set_modified(std::time::SystemTime::now());
+        }
+    }
+}
+
+/// What a reject did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rejected {
+    pub package: String,
+    pub kernel: String,
+    pub arch: String,
+    pub variant: String,
+    /// Where the rejected candidate was kept (its run's `rejected/` folder).
+    pub kept_in: PathBuf,
+}
+
+/// Rejects a pending variant: it leaves the pending area for its run's `rejected/`
+/// folder (a negative case, not lost), and the run's journal records the decision.
+pub fn reject(kopt: &KoptDir, pending: &PendingVariant, reason: Option<&str>) -> Result<Rejected> {
+    let kept_in = pending::archive(kopt, pending, "rejected")?;
+    let m = &pending.meta;
+    let _ = journal::append_to_run(
+        kopt,
+        &m.run_id,
+        Event::Reviewed {
+            package: m.package.clone(),
+            kernel: m.kernel.clone(),
+            arch: m.arch.clone(),
+            variant: m.variant.clone(),
+            decision: Decision::Rejected,
+            detail: reason.map(str::to_string),
+        },
+    );
+    Ok(Rejected {
+        package: m.package.clone(),
+        kernel: m.kernel.clone(),
+        arch: m.arch.clone(),
+        variant: m.variant.clone(),
+        kept_in,
+    })
+}
+
+/// What re-activating an earlier variant did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reactivated {
+    pub kernel: String,
+    pub arch: String,
+    pub variant: String,
+    pub region: Option<String>,
+    pub verified_by: VerifiedBy,
+    pub replaced: Vec<ReplacedVariant>,
+    pub lock: String,
+}
+
+/// `cargo kopt revert KERNEL --to VARIANT`: makes a variant whose folder is still in
+/// `kopt/<kernel>/` the accepted one for its architecture again, provided what it was
+/// verified against (the claim in its rationale.json) is still today's reference and
+/// annotation.
+pub fn reactivate(
+    t: &KernelTarget,
+    kopt: &KoptDir,
+    variant: &str,
+    arch: Option<&str>,
+) -> Result<Reactivated> {
+    let kernel = t.kernel();
+    if !files::is_valid_variant_name(variant) {
+        return Err(Error::Invalid(format!("`{variant}` is not a variant name")));
+    }
+    let vdir = t.kernel_dir().join(variant);
+    let relv = t.rel(&vdir);
+    if !vdir.is_dir() {
+        return Err(Error::NotFound(format!(
+            "{relv} does not exist: only a variant whose folder is still there can be re-activated (restore it from version control first)"
+        )));
+    }
+    let read = |name: &str| {
+        std::fs::read_to_string(vdir.join(name))
+            .map_err(|e| Error::Invalid(format!("{relv}/{name}: {e}")))
+    };
+    let src = read(files::SOURCE_FILE)?;
+    let vtext = read(files::VARIANT_FILE)?;
+    let r = Rationale::parse(&read(files::RATIONALE_JSON)?)
+        .map_err(|e| Error::Invalid(format!("{relv}/{}: {e}", files::RATIONALE_JSON)))?;
+    let v = VariantFile::parse(&vtext)
+        .map_err(|e| Error::Invalid(format!("{relv}/{}: {e}", files::VARIANT_FILE)))?;
+    if v.kernel != kernel || v.id != variant || r.kernel != kernel || r.variant != variant {
+        return Err(Error::Invalid(format!(
+            "{relv} describes another variant (variant.toml: `{}/{}`, rationale.json: `{}/{}`)",
+            v.kernel, v.id, r.kernel, r.variant
+        )));
+    }
+    let arch = arch.unwrap_or(&r.arch);
+    if arch != r.arch {
+        return Err(Error::Invalid(format!(
+            "`{variant}` was verified on {}, not {arch}: it cannot be activated there without verification on that architecture",
+            r.arch
+        )));
+    }
+    let Some(claim) = &r.claim else {
+        return Err(Error::Invalid(format!(
+            "{relv}/{} does not record what `{variant}` was verified against (no `claim`), so kopt cannot tell whether that is today's reference; re-verify it, or vouch for it yourself with `cargo kopt pin {kernel} {variant} --arch {arch}`",
+            files::RATIONALE_JSON
+        )));
+    };
+    if claim.reference_hash != t.hashes.reference {
+        return Err(Error::Stale(format!(
+            "`{variant}` was verified against another reference source than today's (it or an include changed since), so it cannot be re-activated as it is; re-verify it by optimising again (`cargo kopt optimize {kernel}`)"
+        )));
+    }
+    if claim.spec_hash != t.hashes.spec {
+        return Err(Error::Stale(format!(
+            "`{variant}` was verified against another #[kopt::kernel] annotation than today's, so it cannot be re-activated as it is; re-verify it by optimising again (`cargo kopt optimize {kernel}`)"
+        )));
+    }
+    let entry = LockEntry {
+        arch: arch.to_string(),
+        variant: variant.to_string(),
+        region: claim.region.clone(),
+        verified_by: claim.verified_by,
+        reference_hash: claim.reference_hash.clone(),
+        spec_hash: claim.spec_hash.clone(),
+        source_hash: source::hash(src.as_bytes()),
+        variant_hash: source::hash(vtext.as_bytes()),
+    };
+    check_usable(t, kopt, &entry, &src, &vtext, &r)?;
+    fsx::clean_leftovers(&t.kernel_dir());
+    let lock = t.read_lock()?;
+    let created = lock.is_none();
+    let mut lock = lock.unwrap_or_else(|| LockFile::new(kernel));
+    let current: Vec<LockEntry> = lock.entries_for(arch).cloned().collect();
+    if current == [entry.clone()] {
+        return Err(Error::Invalid(format!(
+            "`{variant}` is already the accepted variant of `{kernel}` for {arch}"
+        )));
+    }
+    let state = store::resolve(t.crate_root, t.spec, t.hashes);
+    let replaced = current
+        .iter()
+        .map(|e| replaced_variant(t, &state, e))
+        .collect();
+    lock.accepted.retain(|e| e.arch != arch);
+    lock.accepted.push(entry.clone());
+    let lock_path = t.lock_path();
+    files::write_atomic(&lock_path, lock.render().as_bytes()).map_err(io(&lock_path))?;
+    if created {
+        touch_reference(t.reference);
+    }
+    Ok(Reactivated {
+        kernel: kernel.to_string(),
+        arch: arch.to_string(),
+        variant: variant.to_string(),
+        region: entry.region,
+        verified_by: entry.verified_by,
+        replaced,
+        lock: t.rel(&lock_path),
+    })
+}

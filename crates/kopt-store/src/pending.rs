@@ -1,0 +1,425 @@
+//! Pending variants: the optimisation loop's verified winners, waiting for review.
+//!
+//! One per kernel and architecture, in `<target>/kopt/pending/<package>/<kernel>/<arch>/`:
+//!
+//! ```text
+//! pending.json     format 1: what it is, what it was verified against, where it came from
+//! kernel.cu        the candidate's self-contained source
+//! variant.toml     its entry point, launch rule, defines and options (the committed format)
+//! rationale.json   its audit record (the committed format; RATIONALE.md is rendered on accept)
+//! ```
+//!
+//! [`save`] writes the folder atomically (temporary folder, synced, renamed), so an
+//! interrupted run leaves the old pending variant, the new one, or none, never half of
+//! one. A newer pending variant for the same kernel and architecture replaces the older,
+//! which is moved into the new run's folder (`runs/<run-id>/replaced/`), not deleted.
+
+use std::path::{Path, PathBuf};
+
+use kopt_spec::files::{self, Rationale, VariantFile, VerifiedBy};
+use kopt_spec::source;
+use serde::{Deserialize, Serialize};
+
+use crate::layout::{is_plain_name, KoptDir};
+use crate::{fsx, io, Error, Result};
+
+pub const PENDING_FILE: &str = "pending.json";
+
+/// `pending.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingMeta {
+    pub format: u32,
+    pub package: String,
+    pub kernel: String,
+    pub arch: String,
+    pub variant: String,
+    /// The condition over the scalar arguments where it was verified and wins; absent
+    /// means every shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Hash of the amalgamated reference source it was verified against.
+    pub reference_hash: String,
+    /// Hash of the kernel's spec (the annotation) it was verified against.
+    pub spec_hash: String,
+    pub verified_by: VerifiedBy,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// The optimisation run that produced it (`<target>/kopt/runs/<run_id>/`).
+    pub run_id: String,
+    /// The run's recorded session, relative to the workspace root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The kernel's kind for the case library (`softmax`, `norm`, ...); inferred from
+    /// its name and source when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The accepted variant it was measured against; absent means the reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Baseline>,
+    pub evidence: EvidenceSummary,
+}
+
+/// An accepted variant, identified by its source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Baseline {
+    pub variant: String,
+    pub source_hash: String,
+}
+
+/// What verification established, in brief (the numbers are in rationale.json).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvidenceSummary {
+    /// Declared shapes the numeric check ran on, as `cols=4096 rows=4096`.
+    pub shapes_checked: Vec<String>,
+    /// Shapes the agent never saw, checked too.
+    #[serde(default)]
+    pub held_out_shapes: Vec<String>,
+    /// Every fence the candidate went through, in order.
+    pub fences: Vec<Fence>,
+}
+
+/// One verification fence: numerics, poisoned outputs, inputs unmodified, watchdog, ...
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    pub name: String,
+    pub passed: bool,
+    pub detail: String,
+}
+
+/// A pending variant: its metadata and the three files it will commit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingVariant {
+    pub meta: PendingMeta,
+    pub source: String,
+    pub variant: VariantFile,
+    pub rationale: Rationale,
+}
+
+impl PendingVariant {
+    /// The key a pending variant is stored under.
+    pub fn key(&self) -> (&str, &str, &str) {
+        (&self.meta.package, &self.meta.kernel, &self.meta.arch)
+    }
+
+    /// `llm-kernels/softmax/sm_90`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.meta.package, self.meta.kernel, self.meta.arch
+        )
+    }
+
+    /// Every reason this pending variant is not self-consistent, or not a winner.
+    pub fn validate(&self) -> Result<()> {
+        let m = &self.meta;
+        let bad = |msg: String| {
+            Err(Error::Invalid(format!(
+                "pending variant {}: {msg}",
+                self.label()
+            )))
+        };
+        if m.format != files::FORMAT {
+            return bad(format!(
+                "{PENDING_FILE} has format {}, this kopt reads {}; upgrade cargo-kopt",
+                m.format,
+                files::FORMAT
+            ));
+        }
+        for (what, name) in [
+            ("package", &m.package),
+            ("kernel", &m.kernel),
+            ("run id", &m.run_id),
+        ] {
+            if !is_plain_name(name) {
+                return bad(format!("`{name}` is not a usable {what} name"));
+            }
+        }
+        if files::parse_arch(&m.arch).is_none() {
+            return bad(format!(
+                "`{}` is not an architecture name (e.g. `sm_90`)",
+                m.arch
+            ));
+        }
+        if !files::is_valid_variant_name(&m.variant) {
+            return bad(format!(
+                "`{}` is not a valid variant name (letters, digits, `-`, `_`, `.`)",
+                m.variant
+            ));
+        }
+        let v = &self.variant;
+        if v.kernel != m.kernel || v.id != m.variant {
+            return bad(format!(
+                "{} describes `{}/{}`, not `{}/{}`",
+                files::VARIANT_FILE,
+                v.kernel,
+                v.id,
+                m.kernel,
+                m.variant
+            ));
+        }
+        let r = &self.rationale;
+        if r.kernel != m.kernel || r.variant != m.variant || r.arch != m.arch {
+            return bad(format!(
+                "{} describes `{}/{}` on {}",
+                files::RATIONALE_JSON,
+                r.kernel,
+                r.variant,
+                r.arch
+            ));
+        }
+        if let Some(c) = &r.claim {
+            if c.region != m.region
+                || c.reference_hash != m.reference_hash
+                || c.spec_hash != m.spec_hash
+                || c.verified_by != m.verified_by
+            {
+                return bad(format!(
+                    "the claim in {} (region, hashes, verified_by) differs from {PENDING_FILE}",
+                    files::RATIONALE_JSON
+                ));
+            }
+        }
+        if !source::defines_entry(&self.source, &v.entry) {
+            return bad(format!(
+                "{} defines no `__global__` function `{}`",
+                files::SOURCE_FILE,
+                v.entry
+            ));
+        }
+        if m.evidence.fences.is_empty() || m.evidence.shapes_checked.is_empty() {
+            return bad("no verification evidence (fences and shapes checked): only verified candidates may wait for review".into());
+        }
+        if let Some(f) = m.evidence.fences.iter().find(|f| !f.passed) {
+            return bad(format!(
+                "it failed the `{}` fence ({}); a candidate that fails a fence is no winner",
+                f.name, f.detail
+            ));
+        }
+        Ok(())
+    }
+
+    /// The files of the pending folder, by name.
+    fn files(&self) -> Vec<(&'static str, Vec<u8>)> {
+        let mut meta = serde_json::to_string_pretty(&self.meta).expect("pending serialises");
+        meta.push('\n');
+        vec![
+            (PENDING_FILE, meta.into_bytes()),
+            (files::SOURCE_FILE, self.source.clone().into_bytes()),
+            (files::VARIANT_FILE, self.variant.render().into_bytes()),
+            (files::RATIONALE_JSON, self.rationale.to_json().into_bytes()),
+        ]
+    }
+
+    /// Hash of kernel.cu, as the lock file will record it.
+    pub fn source_hash(&self) -> String {
+        source::hash(self.source.as_bytes())
+    }
+}
+
+/// The folder of a pending variant.
+pub fn dir_of(kopt: &KoptDir, meta: &PendingMeta) -> PathBuf {
+    kopt.pending_dir(&meta.package, &meta.kernel, &meta.arch)
+}
+
+/// What [`save`] did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Saved {
+    pub dir: PathBuf,
+    pub replaced: Option<Replaced>,
+}
+
+/// A pending variant that a newer one replaced, and where it was kept.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Replaced {
+    pub variant: String,
+    pub run_id: String,
+    pub created_at: String,
+    pub kept_in: PathBuf,
+}
+
+/// Stores a verified winner for review, replacing the pending variant of the same kernel
+/// and architecture (kept in `runs/<run-id>/replaced/` of the new variant's run).
+pub fn save(kopt: &KoptDir, pending: &PendingVariant) -> Result<Saved> {
+    pending.validate()?;
+    let dest = dir_of(kopt, &pending.meta);
+    let files = pending.files();
+    let borrowed: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+    let parent = dest.parent().expect("pending folders have parents");
+    fsx::clean_leftovers(parent);
+    let tmp = fsx::write_temp_dir(&dest, &borrowed)?;
+    let mut replaced = None;
+    if dest.exists() {
+        let old = read_meta(&dest).ok();
+        let label = match &old {
+            Some(m) => format!("{}.{}.{}.{}", m.package, m.kernel, m.arch, m.variant),
+            None => format!(
+                "{}.{}.{}.unreadable",
+                pending.meta.package, pending.meta.kernel, pending.meta.arch
+            ),
+        };
+        let kept_in = fsx::unused_path(
+            &kopt
+                .run_dir(&pending.meta.run_id)
+                .join("replaced")
+                .join(label),
+        );
+        if let Err(e) = fsx::move_dir(&dest, &kept_in) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            fsx::abandon(&tmp);
+            return Err(e);
+        }
+        replaced = Some(Replaced {
+            variant: old
+                .as_ref()
+                .map_or_else(|| "?".into(), |m| m.variant.clone()),
+            run_id: old
+                .as_ref()
+                .map_or_else(|| "?".into(), |m| m.run_id.clone()),
+            created_at: old.map_or_else(|| "?".into(), |m| m.created_at),
+            kept_in,
+        });
+    }
+    fsx::publish(&tmp, &dest)?;
+    Ok(Saved {
+        dir: dest,
+        replaced,
+    })
+}
+
+fn read_meta(dir: &Path) -> Result<PendingMeta> {
+    let path = dir.join(PENDING_FILE);
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    serde_json::from_str(&text).map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))
+}
+
+/// Reads the pending variant stored in `dir`.
+pub fn load_dir(dir: &Path) -> Result<PendingVariant> {
+    let meta = read_meta(dir)?;
+    let read = |name: &str| {
+        let p = dir.join(name);
+        std::fs::read_to_string(&p).map_err(io(&p))
+    };
+    let variant = VariantFile::parse(&read(files::VARIANT_FILE)?)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", dir.join(files::VARIANT_FILE).display())))?;
+    let rationale = Rationale::parse(&read(files::RATIONALE_JSON)?).map_err(|e| {
+        Error::Invalid(format!(
+            "{}: {e}",
+            dir.join(files::RATIONALE_JSON).display()
+        ))
+    })?;
+    let p = PendingVariant {
+        meta,
+        source: read(files::SOURCE_FILE)?,
+        variant,
+        rationale,
+    };
+    p.validate()?;
+    Ok(p)
+}
+
+/// The pending variant of a kernel for an architecture.
+pub fn load(kopt: &KoptDir, package: &str, kernel: &str, arch: &str) -> Result<PendingVariant> {
+    let dir = kopt.pending_dir(package, kernel, arch);
+    if !dir.join(PENDING_FILE).exists() {
+        return Err(Error::NotFound(format!(
+            "no pending variant of `{kernel}` ({package}) for {arch}; `cargo kopt pending` lists them"
+        )));
+    }
+    load_dir(&dir)
+}
+
+/// Every pending variant, sorted by package, kernel and architecture, and the folders
+/// that cannot be read (with why).
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub variants: Vec<PendingVariant>,
+    pub broken: Vec<(PathBuf, String)>,
+}
+
+pub fn list(kopt: &KoptDir) -> Listing {
+    let mut out = Listing::default();
+    let root = kopt.pending_root();
+    for pkg in sorted_subdirs(&root) {
+        for kernel in sorted_subdirs(&pkg) {
+            fsx::clean_leftovers(&kernel);
+            for arch in sorted_subdirs(&kernel) {
+                match load_dir(&arch) {
+                    Ok(p) => out.variants.push(p),
+                    Err(e) => out.broken.push((arch, e.to_string())),
+                }
+            }
+        }
+    }
+    out.variants.sort_by(|a, b| {
+        (
+            a.meta.package.as_str(),
+            a.meta.kernel.as_str(),
+            arch_order(&a.meta.arch),
+        )
+            .cmp(&(
+                b.meta.package.as_str(),
+                b.meta.kernel.as_str(),
+                arch_order(&b.meta.arch),
+            ))
+    });
+    out
+}
+
+fn arch_order(arch: &str) -> u32 {
+    files::parse_arch(arch).map_or(u32::MAX, |(a, b)| a * 10 + b)
+}
+
+/// Visible subfolders, by name (hidden ones are temporary or trash).
+fn sorted_subdirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir() && !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Deletes a pending variant (atomically: no reader sees half of it).
+pub fn remove(kopt: &KoptDir, package: &str, kernel: &str, arch: &str) -> Result<()> {
+    let dir = kopt.pending_dir(package, kernel, arch);
+    if !dir.exists() {
+        return Err(Error::NotFound(format!(
+            "no pending variant of `{kernel}` ({package}) for {arch}"
+        )));
+    }
+    fsx::remove_dir_atomic(&dir)
+}
+
+/// Moves a pending variant into its run's folder under `subfolder` (`rejected`, ...),
+/// where the run's audit trail keeps it; returns where.
+pub fn archive(kopt: &KoptDir, pending: &PendingVariant, subfolder: &str) -> Result<PathBuf> {
+    let dir = dir_of(kopt, &pending.meta);
+    let m = &pending.meta;
+    let to = fsx::unused_path(&kopt.run_dir(&m.run_id).join(subfolder).join(format!(
+        "{}.{}.{}.{}",
+        m.package, m.kernel, m.arch, m.variant
+    )));
+    fsx::move_dir(&dir, &to)?;
+    Ok(to)
+}
+
+/// A pending variant's figures in brief: the lowest and highest speedup over its shapes.
+pub fn speedup_range(r: &Rationale) -> Option<(f64, f64)> {
+    let s: Vec<f64> = r
+        .figures
+        .iter()
+        .map(|f| f.speedup())
+        .filter(|s| s.is_finite())
+        .collect();
+    if s.is_empty() {
+        return None;
+    }
+    Some((
+        s.iter().copied().fold(f64::INFINITY, f64::min),
+        s.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    ))
+}

@@ -1,0 +1,446 @@
+//! Pending variants, accept (including interrupted ones), reject and re-activation, on a
+//! scratch crate, with the build's own decision (`kopt_spec::store::resolve`) as judge.
+
+mod common;
+
+use common::Fixture;
+use kopt_spec::files::{self, LockFile, Rationale, VerifiedBy};
+use kopt_spec::store;
+use kopt_store::accept::{self, CrashPoint, FolderAction};
+use kopt_store::journal::{Decision, Event, Journal};
+use kopt_store::{pending, Error};
+
+/// Which variants the build would use for sm_90, in order; panics on anything unusable.
+fn usable(f: &Fixture) -> Vec<String> {
+    let state = store::resolve(&f.crate_root, &f.spec, &f.hashes);
+    for e in &state.entries {
+        assert!(
+            e.status.is_ok(),
+            "{} is unusable: {:?}",
+            e.entry.variant,
+            e.status
+        );
+    }
+    assert!(state.problems.is_empty(), "{:?}", state.problems);
+    state
+        .usable_for("sm_90")
+        .map(|(e, _)| e.variant.clone())
+        .collect()
+}
+
+#[test]
+fn pending_round_trip_and_replacement_keeps_the_older() {
+    let f = Fixture::new();
+    let first = f.pending("vec4-a", "run-1", "");
+    let saved = pending::save(&f.kopt, &first).unwrap();
+    assert_eq!(saved.replaced, None);
+    assert_eq!(
+        saved.dir,
+        f.kopt.pending_dir("fixture-kernels", "softmax", "sm_90")
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&saved.dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "kernel.cu",
+            "pending.json",
+            "rationale.json",
+            "variant.toml"
+        ]
+    );
+    let loaded = pending::load(&f.kopt, "fixture-kernels", "softmax", "sm_90").unwrap();
+    assert_eq!(loaded, first, "what is saved is what is loaded");
+
+    // A newer winner from another run replaces it; the older is kept in the new run.
+    let (mut journal, _) = Journal::open_or_resume(&f.kopt, "run-2").unwrap();
+    let second = f.pending("vec4-b", "run-2", "// second\n");
+    let saved = journal.save_pending(&f.kopt, &second).unwrap();
+    let replaced = saved.replaced.expect("the older one is reported");
+    assert_eq!(
+        (replaced.variant.as_str(), replaced.run_id.as_str()),
+        ("vec4-a", "run-1")
+    );
+    assert!(replaced
+        .kept_in
+        .starts_with(f.kopt.run_dir("run-2").join("replaced")));
+    assert_eq!(
+        pending::load_dir(&replaced.kept_in).unwrap().meta.variant,
+        "vec4-a",
+        "kept whole"
+    );
+    let listing = pending::list(&f.kopt);
+    assert!(listing.broken.is_empty());
+    assert_eq!(listing.variants.len(), 1);
+    assert_eq!(listing.variants[0].meta.variant, "vec4-b");
+    let events = Journal::read(&f.kopt, "run-2").unwrap().entries;
+    assert!(
+        matches!(&events[0].event, Event::PendingSaved { variant, replaced: Some(r), .. } if variant == "vec4-b" && r.contains("vec4-a")),
+        "{events:?}"
+    );
+
+    // A folder that cannot be read is listed as broken, not hidden.
+    let other = f.kopt.pending_dir("fixture-kernels", "softmax", "sm_80");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("pending.json"), "{").unwrap();
+    let listing = pending::list(&f.kopt);
+    assert_eq!(listing.variants.len(), 1);
+    assert_eq!(listing.broken.len(), 1);
+    assert_eq!(listing.broken[0].0, other);
+
+    pending::remove(&f.kopt, "fixture-kernels", "softmax", "sm_90").unwrap();
+    assert!(matches!(
+        pending::load(&f.kopt, "fixture-kernels", "softmax", "sm_90"),
+        Err(Error::NotFound(_))
+    ));
+}
+
+#[test]
+fn only_verified_consistent_candidates_may_wait() {
+    let f = Fixture::new();
+    let mut p = f.pending("v", "run-1", "");
+    p.meta.evidence.fences.push(kopt_store::pending::Fence {
+        name: "watchdog".into(),
+        passed: false,
+        detail: "3.4% slower on cols=1024 rows=32768".into(),
+    });
+    let err = pending::save(&f.kopt, &p).unwrap_err().to_string();
+    assert!(err.contains("failed the `watchdog` fence"), "{err}");
+
+    let mut p = f.pending("v", "run-1", "");
+    p.variant.id = "w".into();
+    let err = pending::save(&f.kopt, &p).unwrap_err().to_string();
+    assert!(err.contains("variant.toml describes `softmax/w`"), "{err}");
+
+    let mut p = f.pending("v", "run-1", "");
+    p.meta.arch = "hopper".into();
+    p.rationale.arch = "hopper".into();
+    let err = pending::save(&f.kopt, &p).unwrap_err().to_string();
+    assert!(err.contains("not an architecture name"), "{err}");
+    assert!(
+        !f.kopt.pending_root().exists(),
+        "nothing written on refusal"
+    );
+}
+
+#[test]
+fn accept_writes_the_files_and_the_lock_and_replaces_with_notice() {
+    let f = Fixture::new();
+    let t = f.target();
+    // First accept: no lock yet.
+    let p = f.pending("vec4-a", "run-1", "");
+    pending::save(&f.kopt, &p).unwrap();
+    Journal::open_or_resume(&f.kopt, "run-1").unwrap();
+    let plan = accept::plan_accept(&t, &f.kopt, &p, None).unwrap();
+    assert!(plan.creates_lock && plan.replaces.is_empty());
+    assert_eq!(plan.folder, FolderAction::Create);
+    let done = accept::apply_accept(&t, &f.kopt, &plan).unwrap();
+    assert_eq!(done.folder, "kopt/softmax/vec4-a");
+    assert!(done.created_lock);
+    assert_eq!(usable(&f), ["vec4-a"]);
+    let lock = LockFile::parse(&f.read("kopt/softmax/kopt.lock")).unwrap();
+    assert_eq!(lock.accepted[0].verified_by, VerifiedBy::Kopt);
+    assert_eq!(lock.accepted[0].region.as_deref(), Some("cols % 4 == 0"));
+    let r = Rationale::parse(&f.read("kopt/softmax/vec4-a/rationale.json")).unwrap();
+    let claim = r
+        .claim
+        .as_ref()
+        .expect("the committed rationale records its claim");
+    assert_eq!(claim.reference_hash, f.hashes.reference);
+    assert_eq!(
+        f.read("kopt/softmax/vec4-a/RATIONALE.md"),
+        r.render_markdown()
+    );
+    assert_eq!(f.read("kopt/softmax/vec4-a/kernel.cu"), p.source);
+    assert!(
+        pending::list(&f.kopt).variants.is_empty(),
+        "no longer pending"
+    );
+    let kept = done.pending_kept_in.unwrap();
+    assert!(
+        kept.starts_with(f.kopt.run_dir("run-1").join("accepted")),
+        "{kept:?}"
+    );
+    let events = Journal::read(&f.kopt, "run-1").unwrap().entries;
+    assert!(matches!(
+        events.last().map(|e| &e.event),
+        Some(Event::Reviewed {
+            decision: Decision::Accepted,
+            ..
+        })
+    ));
+
+    // A second winner replaces it, and the plan says so with the old source.
+    let q = f.pending("vec4-b", "run-2", "// b\n");
+    let plan = accept::plan_accept(&t, &f.kopt, &q, None).unwrap();
+    assert_eq!(plan.replaces.len(), 1);
+    assert_eq!(plan.replaces[0].entry.variant, "vec4-a");
+    assert_eq!(plan.replaces[0].status, "active");
+    assert_eq!(plan.replaces[0].source.as_deref(), Some(p.source.as_str()));
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("measured against the reference, but `vec4-a` is accepted")),
+        "{:?}",
+        plan.notes
+    );
+    let done = accept::apply_accept(&t, &f.kopt, &plan).unwrap();
+    assert_eq!(done.replaced, ["vec4-a"]);
+    assert_eq!(usable(&f), ["vec4-b"]);
+    assert!(
+        f.path("kopt/softmax/vec4-a/kernel.cu").exists(),
+        "the old folder stays"
+    );
+}
+
+#[test]
+fn a_stale_pending_variant_is_refused_with_how_to_reverify() {
+    let mut f = Fixture::new();
+    let p = f.pending("vec4-a", "run-1", "");
+    std::fs::write(
+        f.path("kernels/common.cuh"),
+        format!("{}\n// edited\n", f.read("kernels/common.cuh")),
+    )
+    .unwrap();
+    f.refresh();
+    let err = accept::plan_accept(&f.target(), &f.kopt, &p, None).unwrap_err();
+    assert!(matches!(err, Error::Stale(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(
+            "the reference source (or one of its includes) changed since run run-1 verified it"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("cargo kopt optimize softmax")
+            && msg.contains("cargo kopt reject softmax --arch sm_90"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_taken_name_is_never_overwritten_and_as_renames() {
+    let f = Fixture::new();
+    let t = f.target();
+    let p = f.pending("vec4", "run-1", "");
+    accept::apply_accept(
+        &t,
+        &f.kopt,
+        &accept::plan_accept(&t, &f.kopt, &p, None).unwrap(),
+    )
+    .unwrap();
+    let before = f.read("kopt/softmax/vec4/kernel.cu");
+
+    let q = f.pending("vec4", "run-2", "// different code, same name\n");
+    let err = accept::plan_accept(&t, &f.kopt, &q, None).unwrap_err();
+    assert!(matches!(err, Error::Conflict(_)), "{err:?}");
+    assert!(err.to_string().contains("--as vec4-2"), "{err}");
+    assert_eq!(f.read("kopt/softmax/vec4/kernel.cu"), before);
+
+    let plan = accept::plan_accept(&t, &f.kopt, &q, Some("vec4-2")).unwrap();
+    assert_eq!(plan.renamed_from.as_deref(), Some("vec4"));
+    accept::apply_accept(&t, &f.kopt, &plan).unwrap();
+    assert_eq!(usable(&f), ["vec4-2"]);
+    let v = files::VariantFile::parse(&f.read("kopt/softmax/vec4-2/variant.toml")).unwrap();
+    assert_eq!(v.id, "vec4-2");
+
+    // The same code verified again refreshes only the audit files.
+    let again = f.pending("vec4-2", "run-3", "// different code, same name\n");
+    let plan = accept::plan_accept(&t, &f.kopt, &again, None).unwrap();
+    assert_eq!(plan.folder, FolderAction::RefreshAudit);
+    accept::apply_accept(&t, &f.kopt, &plan).unwrap();
+    assert_eq!(usable(&f), ["vec4-2"]);
+}
+
+#[test]
+fn the_build_could_not_use_it_so_accept_refuses() {
+    let f = Fixture::new();
+    let mut p = f.pending("bad-region", "run-1", "");
+    p.meta.region = Some("colz % 4 == 0".into());
+    let err = accept::plan_accept(&f.target(), &f.kopt, &p, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the build could not use it") && err.contains("region"),
+        "{err}"
+    );
+    assert!(!f.path("kopt").exists(), "nothing written");
+}
+
+#[test]
+fn an_interrupted_accept_leaves_the_old_state_or_the_new_never_half() {
+    for crash in [
+        CrashPoint::DuringFolderWrite,
+        CrashPoint::BeforeLock,
+        CrashPoint::AfterLock,
+    ] {
+        let f = Fixture::new();
+        let t = f.target();
+        let old = f.pending("old", "run-0", "");
+        accept::apply_accept(
+            &t,
+            &f.kopt,
+            &accept::plan_accept(&t, &f.kopt, &old, None).unwrap(),
+        )
+        .unwrap();
+        let lock_before = f.read("kopt/softmax/kopt.lock");
+        let new = f.pending("new", "run-1", "// new\n");
+        pending::save(&f.kopt, &new).unwrap();
+
+        let plan = accept::plan_accept(&t, &f.kopt, &new, None).unwrap();
+        let stopped = accept::apply_accept_until(&t, &f.kopt, &plan, Some(crash)).unwrap();
+        assert!(stopped.is_none());
+
+        // What the build sees is whole: the old variant, or (after the commit point) the
+        // new one; every entry usable, nothing half-written under a visible name.
+        let expected = if crash == CrashPoint::AfterLock {
+            "new"
+        } else {
+            "old"
+        };
+        assert_eq!(usable(&f), [expected], "{crash:?}");
+        if crash != CrashPoint::AfterLock {
+            assert_eq!(f.read("kopt/softmax/kopt.lock"), lock_before, "{crash:?}");
+        }
+        for name in f.kernel_dir_names() {
+            if name.starts_with('.') {
+                assert!(name.contains(".kopt-tmp-"), "{crash:?}: {name}");
+                continue;
+            }
+            if name == "kopt.lock" {
+                continue;
+            }
+            for file in [
+                "kernel.cu",
+                "variant.toml",
+                "rationale.json",
+                "RATIONALE.md",
+            ] {
+                assert!(
+                    f.path(&format!("kopt/softmax/{name}/{file}")).is_file(),
+                    "{crash:?}: {name}/{file}"
+                );
+            }
+        }
+        // The pending variant is still there to accept again, which completes the job
+        // and sweeps the litter away.
+        let again = pending::load(&f.kopt, "fixture-kernels", "softmax", "sm_90").unwrap();
+        let plan = accept::plan_accept(&t, &f.kopt, &again, None).unwrap();
+        accept::apply_accept(&t, &f.kopt, &plan).unwrap();
+        assert_eq!(usable(&f), ["new"], "{crash:?}");
+        assert!(
+            f.kernel_dir_names().iter().all(|n| !n.starts_with('.')),
+            "{crash:?}: {:?}",
+            f.kernel_dir_names()
+        );
+        assert!(pending::list(&f.kopt).variants.is_empty());
+    }
+}
+
+#[test]
+fn a_lock_changed_after_planning_is_not_overwritten() {
+    let f = Fixture::new();
+    let t = f.target();
+    let a = f.pending("a", "run-1", "");
+    let plan_a = accept::plan_accept(&t, &f.kopt, &a, None).unwrap();
+    let b = f.pending("b", "run-2", "// b\n");
+    let plan_b = accept::plan_accept(&t, &f.kopt, &b, None).unwrap();
+    accept::apply_accept(&t, &f.kopt, &plan_b).unwrap();
+    let err = accept::apply_accept(&t, &f.kopt, &plan_a).unwrap_err();
+    assert!(matches!(err, Error::Conflict(_)), "{err:?}");
+    assert!(err.to_string().contains("review again"), "{err}");
+    assert_eq!(usable(&f), ["b"]);
+}
+
+#[test]
+fn reject_keeps_the_candidate_in_its_run() {
+    let f = Fixture::new();
+    let p = f.pending("meh", "run-7", "");
+    pending::save(&f.kopt, &p).unwrap();
+    Journal::open_or_resume(&f.kopt, "run-7").unwrap();
+    let r = accept::reject(&f.kopt, &p, Some("not worth the complexity")).unwrap();
+    assert!(r
+        .kept_in
+        .starts_with(f.kopt.run_dir("run-7").join("rejected")));
+    assert_eq!(pending::load_dir(&r.kept_in).unwrap(), p);
+    assert!(pending::list(&f.kopt).variants.is_empty());
+    let events = Journal::read(&f.kopt, "run-7").unwrap().entries;
+    assert!(matches!(
+        &events.last().unwrap().event,
+        Event::Reviewed { decision: Decision::Rejected, detail: Some(d), .. } if d == "not worth the complexity"
+    ));
+}
+
+#[test]
+fn reactivation_needs_current_hashes() {
+    let mut f = Fixture::new();
+    {
+        let t = f.target();
+        for (name, run) in [("a", "run-1"), ("b", "run-2")] {
+            let p = f.pending(name, run, &format!("// {name}\n"));
+            accept::apply_accept(
+                &t,
+                &f.kopt,
+                &accept::plan_accept(&t, &f.kopt, &p, None).unwrap(),
+            )
+            .unwrap();
+        }
+        assert_eq!(usable(&f), ["b"]);
+        let r = accept::reactivate(&t, &f.kopt, "a", None).unwrap();
+        assert_eq!(
+            (r.arch.as_str(), r.region.as_deref()),
+            ("sm_90", Some("cols % 4 == 0"))
+        );
+        assert_eq!(r.replaced[0].entry.variant, "b");
+        assert_eq!(usable(&f), ["a"]);
+        let err = accept::reactivate(&t, &f.kopt, "a", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("already the accepted variant"), "{err}");
+        let err = accept::reactivate(&t, &f.kopt, "a", Some("sm_80"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("verified on sm_90, not sm_80"), "{err}");
+        let err = accept::reactivate(&t, &f.kopt, "zzz", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("kopt/softmax/zzz does not exist"), "{err}");
+
+        // A rationale without a claim cannot be trusted to be current.
+        let path = f.path("kopt/softmax/b/rationale.json");
+        let mut r = Rationale::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        r.claim = None;
+        std::fs::write(&path, r.to_json()).unwrap();
+        let err = accept::reactivate(&t, &f.kopt, "b", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("does not record what `b` was verified against"),
+            "{err}"
+        );
+        assert!(
+            err.contains("cargo kopt pin softmax b --arch sm_90"),
+            "{err}"
+        );
+    }
+    // After the reference changed, neither can come back without verification.
+    std::fs::write(
+        f.path("kernels/softmax.cu"),
+        f.read("kernels/softmax.cu")
+            .replace("three passes", "3 passes"),
+    )
+    .unwrap();
+    f.refresh();
+    let err = accept::reactivate(&f.target(), &f.kopt, "a", None).unwrap_err();
+    assert!(matches!(err, Error::Stale(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("verified against another reference source"),
+        "{err}"
+    );
+}

@@ -1,0 +1,66 @@
+//! The shipped variant's rationale is not typed by hand: it is built by
+//! `kopt_store::evidence::build` from the evidence recorded on the H200
+//! (`docs/runs/2026-11-29-h200-softmax-online-vec4.evidence.json`, with the raw log next
+//! to it). `KOPT_REGENERATE=1 cargo test -p kopt-tests --test shipped_rationale` rewrites
+//! rationale.json and RATIONALE.md from it.
+
+use kopt_spec::files::{self, LockFile};
+use kopt_store::evidence::{self, Evidence};
+use kopt_tests::repo_root;
+
+#[test]
+fn the_shipped_rationale_is_built_from_its_recorded_evidence() {
+    let root = repo_root();
+    let evidence = Evidence::parse(
+        &std::fs::read_to_string(
+            root.join("docs/runs/2026-11-29-h200-softmax-online-vec4.evidence.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let r = evidence::build(&evidence).unwrap();
+    let dir = root.join("examples/llm-kernels/kopt/softmax/online-vec4");
+    if std::env::var_os("KOPT_REGENERATE").is_some_and(|v| v == "1") {
+        files::write_atomic(&dir.join(files::RATIONALE_JSON), r.to_json().as_bytes()).unwrap();
+        files::write_atomic(
+            &dir.join(files::RATIONALE_MD),
+            r.render_markdown().as_bytes(),
+        )
+        .unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join(files::RATIONALE_JSON)).unwrap(),
+        r.to_json(),
+        "rationale.json differs from what its evidence builds (KOPT_REGENERATE=1 rewrites it)"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join(files::RATIONALE_MD)).unwrap(),
+        r.render_markdown()
+    );
+    // The bandwidth figures are derived from the measured times, the ideal bytes
+    // (8 per element) and the copy bandwidth measured on the H200; they are the figures
+    // the run log reports (3187, 456 and 2800 GB/s of 4280).
+    let pct: Vec<Option<f64>> = r.figures.iter().map(|f| f.copy_bandwidth_pct).collect();
+    assert_eq!(pct, [Some(74.5), Some(10.7), Some(65.4)]);
+    // Its claim is what the lock records for it.
+    let lock = LockFile::parse(
+        &std::fs::read_to_string(root.join("examples/llm-kernels/kopt/softmax/kopt.lock")).unwrap(),
+    )
+    .unwrap();
+    let entry = &lock.accepted[0];
+    let claim = r.claim.as_ref().unwrap();
+    assert_eq!(
+        (
+            &claim.region,
+            claim.verified_by,
+            &claim.reference_hash,
+            &claim.spec_hash
+        ),
+        (
+            &entry.region,
+            entry.verified_by,
+            &entry.reference_hash,
+            &entry.spec_hash
+        )
+    );
+}
