@@ -93,9 +93,12 @@ pub fn gather(sel: &Selection) -> Result<Gathered, GatherError> {
         .filter(|p| sel.packages.is_empty() || sel.packages.iter().any(|s| s == p.name.as_str()))
         .filter(|p| !sel.exclude.iter().any(|s| s == p.name.as_str()))
         .filter(|p| {
-            p.dependencies
-                .iter()
-                .any(|d| KOPT_CRATES.contains(&d.name.as_str()))
+            // A dev-dependency on kopt (test helpers, trybuild cases of invalid
+            // annotations) does not make a crate's kernels part of the workspace's.
+            p.dependencies.iter().any(|d| {
+                KOPT_CRATES.contains(&d.name.as_str())
+                    && d.kind != cargo_metadata::DependencyKind::Development
+            })
         })
         .collect();
     selected.sort_by(|a, b| a.name.cmp(&b.name));

@@ -261,3 +261,18 @@ fn an_invalid_annotation_is_reported_with_its_location() {
     );
     assert!(out.contains("llm-kernels/src/lib.rs:"), "{out}");
 }
+
+#[test]
+fn the_readme_commands_pass_on_this_repository() {
+    // `cargo kopt list && cargo kopt check` from the repository root: crates that only
+    // dev-depend on kopt (the trybuild cases of invalid annotations) are not gathered.
+    let manifest = kopt_tests::repo_root().join("Cargo.toml");
+    for cmd in ["list", "check"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_cargo-kopt"))
+            .args(["kopt", cmd, "--manifest-path"])
+            .arg(&manifest)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "cargo kopt {cmd}: {}", text(&o));
+    }
+}
