@@ -542,7 +542,7 @@ impl Rationale {
         let _ = writeln!(md, "## Provenance\n");
         let p = &self.provenance;
         let _ = writeln!(md, "- proposed by: {}", p.agent);
-        let _ = writeln!(md, "- measured on: {} (driver {})", p.device, p.driver);
+        let _ = writeln!(md, "- measured on: {}, driver {}", p.device, p.driver);
         if let Some(bw) = p.copy_bandwidth_gbs {
             let _ = writeln!(md, "- measured copy bandwidth: {bw:.0} GB/s");
         }
