@@ -75,6 +75,23 @@ debug = false
         self.root.join("Cargo.toml")
     }
 
+    /// Builds the copy (incrementally) and returns what its binary's `explain --arch ARCH`
+    /// prints: which version of each kernel runs for each declared shape, and why.
+    pub fn explain(&self, arch: &str) -> String {
+        let out = self.cargo(&[
+            "run",
+            "-q",
+            "-p",
+            "llm-kernels",
+            "--",
+            "explain",
+            "--arch",
+            arch,
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
     /// `cargo <args>` in the workspace, offline, with a target folder of its own inside
     /// the repository's (so dependencies build once across tests and runs).
     pub fn cargo(&self, args: &[&str]) -> Output {

@@ -4,20 +4,8 @@
 use cargo_kopt::{commands, gather};
 use kopt_tests::{text, ExampleWorkspace};
 
-/// Builds the copy (incrementally) and asks its binary which version runs per shape.
 fn explain(ws: &ExampleWorkspace) -> String {
-    let out = ws.cargo(&[
-        "run",
-        "-q",
-        "-p",
-        "llm-kernels",
-        "--",
-        "explain",
-        "--arch",
-        "sm_90",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8(out.stdout).unwrap()
+    ws.explain("sm_90")
 }
 
 /// Runs the last-built binary without building.

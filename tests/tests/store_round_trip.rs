@@ -4,7 +4,7 @@
 
 use cargo_kopt::{commands, gather, store};
 use kopt_store::pending;
-use kopt_tests::{pending_from_shipped, text, ExampleWorkspace};
+use kopt_tests::{pending_from_shipped, ExampleWorkspace};
 
 fn gathered(ws: &ExampleWorkspace) -> gather::Gathered {
     gather::gather(&gather::Selection {
@@ -16,19 +16,7 @@ fn gathered(ws: &ExampleWorkspace) -> gather::Gathered {
 
 /// Builds the copy (incrementally) and returns the softmax line for 4096x4096 on sm_90.
 fn softmax_4096(ws: &ExampleWorkspace) -> String {
-    let out = ws.cargo(&[
-        "run",
-        "-q",
-        "-p",
-        "llm-kernels",
-        "--",
-        "explain",
-        "--arch",
-        "sm_90",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    String::from_utf8(out.stdout)
-        .unwrap()
+    ws.explain("sm_90")
         .lines()
         .find(|l| l.starts_with("softmax") && l.contains("cols=4096 rows=4096"))
         .expect("a softmax line for 4096x4096")

@@ -17,4 +17,5 @@ pub mod render;
 pub mod review;
 pub mod store;
 pub mod store_cli;
+pub mod style;
 pub mod table;

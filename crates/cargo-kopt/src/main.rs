@@ -8,6 +8,7 @@ use anstyle::{AnsiColor, Style};
 use cargo_kopt::commands::{self, Edit};
 use cargo_kopt::gather::{self, Gathered, Selection};
 use cargo_kopt::store_cli;
+use cargo_kopt::style::{dim, green, red, yellow};
 use cargo_kopt::table::Table;
 use cargo_kopt::{eval, render};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -523,19 +524,6 @@ fn progress_bar(json: bool) -> indicatif::ProgressBar {
 fn print_json<T: serde::Serialize>(v: &T) {
     let mut out = anstream::stdout();
     let _ = writeln!(out, "{}", serde_json::to_string(v).expect("serialises"));
-}
-
-fn green() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Green.into()))
-}
-fn yellow() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Yellow.into()))
-}
-fn red() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Red.into())).bold()
-}
-fn dim() -> Style {
-    Style::new().dimmed()
 }
 
 fn print_list(g: &Gathered, listed: &[commands::ListedKernel]) {

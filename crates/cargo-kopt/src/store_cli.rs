@@ -5,7 +5,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anstyle::{AnsiColor, Style};
+use crate::style::{dim, green, red, yellow};
+use anstyle::Style;
 use clap::{Args, Subcommand};
 use kopt_store::cases::{self, CaseLibrary, Query, Status};
 
@@ -78,19 +79,6 @@ pub enum CasesCommand {
         #[arg(long, short)]
         out: Option<PathBuf>,
     },
-}
-
-fn green() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Green.into()))
-}
-fn yellow() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Yellow.into()))
-}
-fn red() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Red.into())).bold()
-}
-fn dim() -> Style {
-    Style::new().dimmed()
 }
 
 fn print_json<T: serde::Serialize>(v: &T) {
