@@ -1,0 +1,18 @@
+//! kopt's agent side: backends behind one interface, and the proposal an agent answers
+//! with.
+//!
+//! - [`chat`]: requests and responses;
+//! - [`backend`]: the [`backend::Backend`] trait, retries with backoff (honouring
+//!   `Retry-After`), token and cost accounting;
+//! - [`http`]: OpenAI-compatible chat completions (OpenAI, vLLM, Ollama, llama.cpp) and
+//!   Anthropic messages;
+//! - [`command`]: an external command speaking JSON on stdin/stdout;
+//! - [`session`]: recording (redacted) and offline replay;
+//! - [`proposal`]: the schema, extraction, validation against the kernel, the repair round.
+
+pub mod backend;
+pub mod chat;
+pub mod command;
+pub mod http;
+pub mod proposal;
+pub mod session;

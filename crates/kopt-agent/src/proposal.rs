@@ -1,0 +1,236 @@
+//! The structured proposal an agent answers with, how it is found in a model's reply,
+//! validated against the kernel, and repaired once when malformed.
+
+use std::collections::BTreeMap;
+
+use kopt_spec::expr::{self, Ty, VarKind};
+use kopt_spec::KernelSpec;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A round's answer: one or more candidates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ProposalSet {
+    pub proposals: Vec<Proposal>,
+}
+
+/// One candidate, with the reasoning that makes it reviewable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Proposal {
+    pub diagnosis: Diagnosis,
+    /// Each change, tied to the diagnosis.
+    pub changes: Vec<ProposedChange>,
+    pub risks: Vec<String>,
+    /// The expected effect on each metric the diagnosis names.
+    pub expected: Vec<ExpectedEffect>,
+    pub candidate: Candidate,
+    /// The launch rule, when it differs from the current best's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<LaunchText>,
+    /// Preprocessor defines of the candidate.
+    #[serde(default)]
+    pub defines: BTreeMap<String, i64>,
+    /// Further NVRTC options.
+    #[serde(default)]
+    pub options: Vec<String>,
+    /// Values to search around the candidate (tunable name -> values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrix: Option<BTreeMap<String, Vec<i64>>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Diagnosis {
+    /// The bottleneck class, e.g. `memory-bound`.
+    pub bottleneck: String,
+    pub summary: String,
+    /// The measurements it rests on, each naming a metric or figure of the context.
+    pub evidence: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ProposedChange {
+    pub what: String,
+    /// How it addresses the diagnosis.
+    pub why: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ExpectedEffect {
+    pub metric: String,
+    /// e.g. `down by a third`, `from 47% to above 80%`.
+    pub change: String,
+}
+
+/// The candidate's code: the full source, or a unified diff against the current best.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Candidate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<String>,
+}
+
+/// A launch rule as expression text over the scalar arguments and the defines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct LaunchText {
+    pub grid: [String; 3],
+    pub block: [String; 3],
+    #[serde(default = "zero")]
+    pub smem: String,
+}
+
+fn zero() -> String {
+    "0".into()
+}
+
+/// The JSON schema of [`ProposalSet`], given to models and MCP clients.
+pub fn schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(ProposalSet)).expect("schemas serialise")
+}
+
+/// The JSON object in a model's reply: the whole reply, a fenced ```json block, or the
+/// outermost braces.
+pub fn extract_json(text: &str) -> Option<&str> {
+    let t = text.trim();
+    if t.starts_with('{') && t.ends_with('}') {
+        return Some(t);
+    }
+    if let Some(start) = t.find("```json") {
+        let rest = &t[start + 7..];
+        if let Some(end) = rest.find("```") {
+            return Some(rest[..end].trim());
+        }
+    }
+    let (a, b) = (t.find('{')?, t.rfind('}')?);
+    (a < b).then(|| &t[a..=b])
+}
+
+/// Parses and validates a reply. The errors are written for the model: the repair
+/// prompt quotes them.
+pub fn parse(
+    text: &str,
+    spec: &KernelSpec,
+    current_best: &str,
+) -> Result<Vec<Resolved>, Vec<String>> {
+    let Some(json) = extract_json(text) else {
+        return Err(vec!["the reply holds no JSON object".into()]);
+    };
+    let set: ProposalSet = match serde_json::from_str::<ProposalSet>(json) {
+        Ok(s) => s,
+        // A single proposal without the wrapper is accepted too.
+        Err(e) => match serde_json::from_str::<Proposal>(json) {
+            Ok(p) => ProposalSet { proposals: vec![p] },
+            Err(_) => return Err(vec![format!("the JSON does not match the schema: {e}")]),
+        },
+    };
+    if set.proposals.is_empty() {
+        return Err(vec!["`proposals` is empty".into()]);
+    }
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for (i, p) in set.proposals.into_iter().enumerate() {
+        match resolve(p, spec, current_best) {
+            Ok(r) => out.push(r),
+            Err(es) => errors.extend(es.into_iter().map(|e| format!("proposal {}: {e}", i + 1))),
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+/// A validated proposal with its candidate source resolved (a diff applied).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub proposal: Proposal,
+    pub source: String,
+}
+
+fn resolve(p: Proposal, spec: &KernelSpec, current_best: &str) -> Result<Resolved, Vec<String>> {
+    let mut errors = Vec::new();
+    if p.diagnosis.evidence.is_empty() {
+        errors.push("the diagnosis cites no evidence (`diagnosis.evidence`)".to_string());
+    }
+    if p.changes.is_empty() {
+        errors.push("no change is listed (`changes`)".into());
+    }
+    for (i, c) in p.changes.iter().enumerate() {
+        if c.why.trim().is_empty() {
+            errors.push(format!(
+                "change {} (`{}`) does not say why it addresses the diagnosis",
+                i + 1,
+                c.what
+            ));
+        }
+    }
+    let source = match (&p.candidate.source, &p.candidate.diff) {
+        (Some(s), None) => Some(s.clone()),
+        (None, Some(d)) => match diffy::Patch::from_str(d)
+            .map_err(|e| e.to_string())
+            .and_then(|patch| diffy::apply(current_best, &patch).map_err(|e| e.to_string()))
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                errors.push(format!("the diff does not apply to the current best: {e}"));
+                None
+            }
+        },
+        (Some(_), Some(_)) => {
+            errors.push("give `candidate.source` or `candidate.diff`, not both".into());
+            None
+        }
+        (None, None) => {
+            errors.push("`candidate` has neither `source` nor `diff`".into());
+            None
+        }
+    };
+    if let Some(s) = &source {
+        if !kopt_spec::source::defines_entry(s, &spec.entry) {
+            errors.push(format!("the candidate defines no `__global__` function `{}` (the entry point must keep its name and signature)", spec.entry));
+        }
+    }
+    if let Some(l) = &p.launch {
+        let defines: Vec<&str> = p.defines.keys().map(String::as_str).collect();
+        let kinds = |n: &str| {
+            spec.var_kind_with(n, &defines)
+                .or_else(|| defines.contains(&n).then_some(VarKind::Int))
+        };
+        let mut names = spec.int_names();
+        names.extend(defines.iter().map(|d| d.to_string()));
+        for (what, e) in l
+            .grid
+            .iter()
+            .map(|e| ("grid", e))
+            .chain(l.block.iter().map(|e| ("block", e)))
+            .chain(std::iter::once(("smem", &l.smem)))
+        {
+            if let Err(m) = expr::parse_str(e, Ty::Int, &kinds, &names) {
+                errors.push(format!("launch {what}: {m}"));
+            }
+        }
+    }
+    for o in &p.options {
+        if !o.starts_with('-') || o.starts_with("-I") || o.starts_with("--include-path") {
+            errors.push(format!(
+                "option `{o}` is not an NVRTC option kopt accepts (no include paths)"
+            ));
+        }
+    }
+    match (errors.is_empty(), source) {
+        (true, Some(source)) => Ok(Resolved {
+            proposal: p,
+            source,
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// The one repair round: the errors, and the instruction to answer with the JSON alone.
+pub fn repair_prompt(errors: &[String]) -> String {
+    format!(
+        "Your reply could not be used:\n{}\n\nAnswer again with only one JSON object matching the schema (`{{\"proposals\": [...]}}`), nothing else.",
+        errors.iter().map(|e| format!("- {e}")).collect::<Vec<_>>().join("\n")
+    )
+}
