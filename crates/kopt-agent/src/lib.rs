@@ -8,11 +8,13 @@
 //!   Anthropic messages;
 //! - [`command`]: an external command speaking JSON on stdin/stdout;
 //! - [`session`]: recording (redacted) and offline replay;
+//! - [`context`]: context assembly from the prompt templates, within a token budget;
 //! - [`proposal`]: the schema, extraction, validation against the kernel, the repair round.
 
 pub mod backend;
 pub mod chat;
 pub mod command;
+pub mod context;
 pub mod http;
 pub mod proposal;
 pub mod session;

@@ -1,0 +1,112 @@
+//! Context assembly on the example's real softmax: the prompts are snapshot-tested, and
+//! the budget trims what matters least first.
+
+use kopt_agent::context::{self, CaseLine, ContextInput, Feedback};
+
+fn softmax() -> (kopt_spec::KernelSpec, String) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/llm-kernels");
+    let text = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    let file = syn::parse_file(&text).unwrap();
+    for item in file.items {
+        let syn::Item::Verbatim(ts) = item else {
+            continue;
+        };
+        let Ok(f) = kopt_spec::spec::parse_item(ts) else {
+            continue;
+        };
+        if f.sig.ident != "softmax" {
+            continue;
+        }
+        let attr = f
+            .attrs
+            .iter()
+            .find(|a| {
+                a.path()
+                    .segments
+                    .last()
+                    .is_some_and(|s| s.ident == "kernel")
+            })
+            .unwrap();
+        let syn::Meta::List(l) = &attr.meta else {
+            unreachable!()
+        };
+        let (spec, _) = kopt_spec::spec::parse_kernel(l.tokens.clone(), &f).unwrap();
+        let src = kopt_spec::source::amalgamate(&root, &spec.reference, &spec.include).unwrap();
+        return (spec, src.text);
+    }
+    panic!("no softmax")
+}
+
+fn input<'a>(spec: &'a kopt_spec::KernelSpec, source: &'a str, budget: usize) -> ContextInput<'a> {
+    ContextInput {
+        spec,
+        round: 2,
+        best_label: "reference".into(),
+        best_source: source,
+        best_launch: ["rows, 1, 1".into(), "256, 1, 1".into(), "0".into()],
+        device: "NVIDIA H200 (sm_90, 132 SMs, 60 MiB L2)".into(),
+        ceilings: "copy 4212 GB/s; bf16 matmul 771 TFLOP/s".into(),
+        figures: vec![
+            "cols=4096 rows=4096: 64.61 µs, 49.4% of copy bandwidth".into(),
+            "cols=65536 rows=16: 195.88 µs, 1.0% of copy bandwidth (16 blocks on 132 SMs)".into(),
+        ],
+        snapshot: Some("memory-bound (extra passes): dram 49% of peak; 3 global loads per element".into()),
+        structure: "3 loops over cols (stride blockDim.x); 2 block reductions through shared memory (32 floats); no atomics".into(),
+        cases: (1..=6)
+            .map(|i| CaseLine { title: format!("case {i}"), outcome: "accepted, 1.5x".into(), diagnosis: "extra passes".into(), change: "online softmax".into(), similarity: 1.0 - i as f64 / 10.0 })
+            .collect(),
+        history: vec![
+            Feedback { round: 1, candidate: "vec4".into(), verdict: "rejected: compile".into(), details: vec!["kernel.cu(12): error: identifier \"float4x\" is undefined".into()] },
+            Feedback { round: 1, candidate: "warp".into(), verdict: "rejected: numerics".into(), details: vec!["y: 16 of 16777216 elements fail; first at index 4095 (rows=0, cols=4095): got NaN, want 0.0002".into()] },
+            Feedback { round: 1, candidate: "online".into(), verdict: "accepted, 1.31x on cols=4096 rows=4096, 0.98x on cols=65536 rows=16".into(), details: vec!["dram throughput 49% -> 63%".into()] },
+        ],
+        hint: Some("The 16x65536 shape matters most for us.".into()),
+        budget_tokens: budget,
+    }
+}
+
+#[test]
+fn the_propose_prompt() {
+    let (spec, src) = softmax();
+    let req = context::propose(&input(&spec, &src, 50_000), "{\"$schema\": \"...\"}").unwrap();
+    insta::assert_snapshot!("system", req.system);
+    insta::assert_snapshot!("propose", req.messages[0].content);
+}
+
+#[test]
+fn the_budget_trims_history_then_cases_then_source() {
+    let (spec, src) = softmax();
+    let full = context::propose(&input(&spec, &src, 50_000), "{}").unwrap();
+    let full_tokens = context::tokens(&full.system) + context::tokens(&full.messages[0].content);
+    let tight = context::propose(&input(&spec, &src, full_tokens - 100), "{}").unwrap();
+    let text = &tight.messages[0].content;
+    assert!(
+        !text.contains("round 1, `vec4`"),
+        "the oldest feedback goes first"
+    );
+    assert!(text.contains("round 1, `online`"));
+    let tiny = context::propose(&input(&spec, &src, full_tokens - 600), "{}");
+    match tiny {
+        Ok(r) => assert!(
+            r.messages[0]
+                .content
+                .contains("trimmed to the entry function"),
+            "{}",
+            r.messages[0].content
+        ),
+        Err(e) => assert!(e.contains("over the budget"), "{e}"),
+    }
+    let err = context::propose(&input(&spec, &src, 100), "{}").unwrap_err();
+    assert!(err.contains("over the budget of 100"), "{err}");
+}
+
+#[test]
+fn every_template_placeholder_is_filled() {
+    let e = context::fill(
+        "a {{x}} b {{y}}",
+        &std::collections::BTreeMap::from([("x", "1".to_string())]),
+    )
+    .unwrap_err();
+    assert_eq!(e, "the template needs `y`");
+    assert!(context::entry_region("__device__ int f() { return 1; }\nextern \"C\" __global__ void k(int* y) {\n  if (1) { y[0] = f(); }\n}\nint tail;\n", "k").unwrap().ends_with("y[0] = f(); }\n}"));
+}
