@@ -9,7 +9,8 @@
 //! - [`command`]: an external command speaking JSON on stdin/stdout;
 //! - [`session`]: recording (redacted) and offline replay;
 //! - [`context`]: context assembly from the prompt templates, within a token budget;
-//! - [`proposal`]: the schema, extraction, validation against the kernel, the repair round.
+//! - [`proposal`]: the schema, extraction, validation against the kernel, the repair round;
+//! - [`run`]: the loop for one kernel, with its escalation rules and budgets.
 
 pub mod backend;
 pub mod chat;
@@ -17,4 +18,5 @@ pub mod command;
 pub mod context;
 pub mod http;
 pub mod proposal;
+pub mod run;
 pub mod session;

@@ -21,6 +21,10 @@ pub struct Exchange {
     pub response: Option<ChatResponse>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The error was worth retrying (the client retried it): a replay returns it as such,
+    /// so the replayed client retries too and stays in step with the recording.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transient: bool,
 }
 
 /// Wraps a backend and appends every exchange to `path` (secrets redacted, each line
@@ -79,6 +83,7 @@ impl Backend for Recorder {
             request: req.clone(),
             response: result.as_ref().ok().cloned(),
             error: result.as_ref().err().map(|e| e.to_string()),
+            transient: result.as_ref().err().is_some_and(|e| e.is_transient()),
         };
         self.next += 1;
         self.append(e).map_err(|err| {
@@ -170,6 +175,11 @@ impl Backend for Replay {
         self.next += 1;
         match (&e.response, &e.error) {
             (Some(r), _) => Ok(r.clone()),
+            (None, Some(err)) if e.transient => Err(BackendError::Transient {
+                status: 0,
+                message: format!("(recorded) {err}"),
+                retry_after: Some(std::time::Duration::ZERO),
+            }),
             (None, Some(err)) => Err(BackendError::Fatal(format!("(recorded) {err}"))),
             (None, None) => Err(BackendError::Fatal(
                 "a recorded exchange without a reply".into(),

@@ -1,0 +1,459 @@
+//! The agent loop end to end without a GPU: real local HTTP servers (wiremock) play an
+//! OpenAI-compatible and an Anthropic endpoint, the engine's fake worker plays the GPU.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cargo_kopt::eval::{self, Settings};
+use cargo_kopt::gather::{self, Gathered, Kernel};
+use kopt_agent::backend::Client;
+use kopt_agent::http::{Anthropic, Endpoint, OpenAi};
+use kopt_agent::run::{self, Budget, Evaluate, Rules, Stop, Task};
+use kopt_agent::session::{Recorder, Replay};
+use kopt_engine::engine::Engine;
+use kopt_engine::job::KernelVersion;
+use kopt_engine::parent::WorkerCommand;
+use kopt_engine::verdict::{Judge, Verdict};
+use serde_json::json;
+use wiremock::matchers::method;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+struct FakeGpu<'a> {
+    g: &'a Gathered,
+    k: &'a Kernel,
+    engine: Engine,
+    judge: Judge,
+}
+
+impl Evaluate for FakeGpu<'_> {
+    fn evaluate(
+        &mut self,
+        candidate: &KernelVersion,
+        best_us: Option<&BTreeMap<String, f64>>,
+    ) -> Verdict {
+        let job = eval::job(
+            self.g,
+            self.k,
+            candidate.clone(),
+            None,
+            &Settings::default(),
+            true,
+        );
+        let ev = self.engine.evaluate(&job, &mut |_| {});
+        let mut judge = self.judge.clone();
+        judge.best_us = best_us.cloned();
+        judge.judge(&ev.report)
+    }
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    g: Gathered,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/llm-kernels");
+    let g = gather::gather_crate("llm-kernels", &root, dir.path());
+    Setup { dir, g }
+}
+
+impl Setup {
+    fn kernel(&self) -> &Kernel {
+        self.g
+            .kernels
+            .iter()
+            .find(|k| k.spec.name == "softmax")
+            .unwrap()
+    }
+
+    fn gpu(&self) -> FakeGpu<'_> {
+        let mut engine = Engine::new(
+            WorkerCommand::fake(PathBuf::from(env!("CARGO_BIN_EXE_cargo-kopt"))),
+            None,
+            kopt_engine::ceilings::CeilingsCache::at(self.dir.path().join("ceilings.json")),
+        );
+        engine.worker.step_timeout = Duration::from_secs(5);
+        let ceilings = engine.ceilings(false).ok();
+        FakeGpu {
+            g: &self.g,
+            k: self.kernel(),
+            engine,
+            judge: Judge::new(ceilings),
+        }
+    }
+
+    fn task(&self) -> Task<'_> {
+        let k = self.kernel();
+        Task {
+            spec: &k.spec,
+            reference: KernelVersion::reference(&k.spec, &k.reference.text),
+            device: "kopt fake GPU (sm_90)".into(),
+            ceilings: "copy 4000 GB/s".into(),
+            snapshot: Some("memory-bound: 3 passes over each row".into()),
+            structure: "3 loops over cols".into(),
+            cases: vec![],
+            hint: None,
+            context_tokens: 60_000,
+        }
+    }
+
+    /// The reference's source with fake-device directives: what a proposal carries.
+    fn source(&self, directives: &str) -> String {
+        format!("{}\n{directives}\n", self.kernel().reference.text)
+    }
+}
+
+fn proposal(source: &str) -> String {
+    json!({ "proposals": [{
+        "diagnosis": { "bottleneck": "memory-bound", "summary": "three passes over each row", "evidence": ["2034 GB/s of 4212"] },
+        "changes": [{ "what": "online max and sum", "why": "one pass fewer over the row" }],
+        "risks": ["rescaling accuracy"],
+        "expected": [{ "metric": "time", "change": "a third less" }],
+        "candidate": { "source": source }
+    }]})
+    .to_string()
+}
+
+fn openai(text: &str) -> ResponseTemplate {
+    ResponseTemplate::new(200).set_body_json(json!({
+        "model": "mock", "choices": [{ "message": { "role": "assistant", "content": text } }],
+        "usage": { "prompt_tokens": 1000, "completion_tokens": 200 }
+    }))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Mounts replies in order: each answers one request.
+fn script(rt: &tokio::runtime::Runtime, server: &MockServer, replies: Vec<ResponseTemplate>) {
+    for r in replies {
+        rt.block_on(
+            Mock::given(method("POST"))
+                .respond_with(r)
+                .up_to_n_times(1)
+                .mount(server),
+        );
+    }
+}
+
+fn client(server: &MockServer) -> Client {
+    let ep = Endpoint {
+        base_url: format!("{}/v1", server.uri()),
+        model: "mock".into(),
+        key: Some("sk-e2e-test-key-123456".into()),
+        timeout: Duration::from_secs(5),
+    };
+    Client::new(Box::new(OpenAi::new(ep))).with_sleep(|_| {})
+}
+
+fn verdicts(o: &run::Outcome) -> Vec<(String, bool, String)> {
+    o.tried
+        .iter()
+        .map(|t| {
+            (
+                t.id.clone(),
+                t.verdict.as_ref().is_some_and(|v| v.accepted),
+                t.verdict
+                    .as_ref()
+                    .map(|v| v.summary())
+                    .or(t.error.clone())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_multi_round_session_with_feedback_repair_retry_and_replay() {
+    let s = setup();
+    let rt = runtime();
+    let server = rt.block_on(MockServer::start());
+    script(
+        &rt,
+        &server,
+        vec![
+            ResponseTemplate::new(429).insert_header("retry-after", "1"),
+            openai("I would vectorise the loads."),
+            openai(&proposal(
+                &s.source("// kopt-fake: compile-error expected a ';'"),
+            )),
+            openai(&proposal(&s.source("// kopt-fake: wrong y 7"))),
+            openai(&proposal(&s.source("// kopt-fake: speedup 1.3"))),
+        ],
+    );
+    let session = s.dir.path().join("session.jsonl");
+    let recorder = Recorder::new(
+        Box::new(OpenAi::new(Endpoint {
+            base_url: format!("{}/v1", server.uri()),
+            model: "mock".into(),
+            key: Some("sk-e2e-test-key-123456".into()),
+            timeout: Duration::from_secs(5),
+        })),
+        &session,
+        kopt_store::redact::Redactor::from_vars([(
+            "E2E_API_KEY".to_string(),
+            "sk-e2e-test-key-123456".to_string(),
+        )]),
+    )
+    .unwrap();
+    let mut c = Client::new(Box::new(recorder)).with_sleep(|_| {});
+    let mut gpu = s.gpu();
+    let budget = Budget {
+        rounds: 3,
+        ..Budget::default()
+    };
+    let out = run::optimize(
+        &s.task(),
+        &mut c,
+        None,
+        &mut gpu,
+        &budget,
+        &Rules::default(),
+        &mut |_| {},
+    );
+
+    assert_eq!(out.stop, Stop::Rounds, "{:?}", out.stop);
+    let v = verdicts(&out);
+    assert_eq!(v.len(), 3, "{v:?}");
+    assert!(
+        v[0].2.starts_with("compile") && v[0].2.contains("expected a ';'"),
+        "{v:?}"
+    );
+    assert!(
+        v[1].2.starts_with("numerics") && v[1].2.contains("first at index 7"),
+        "{v:?}"
+    );
+    assert!(v[2].1, "the third candidate is accepted: {v:?}");
+    assert!(out.best.is_some(), "an improvement was kept");
+    assert_eq!(out.spend.retries, 1, "the 429 was retried");
+    // The repair round, and the feedback each later round received.
+    let purposes: Vec<&str> = out
+        .transcript
+        .iter()
+        .map(|(r, _)| r.purpose.as_str())
+        .collect();
+    assert_eq!(purposes, vec!["propose", "repair", "propose", "propose"]);
+    let round2 = &out.transcript[2].0.messages[0].content;
+    assert!(
+        round2.contains("kernel.cu(") && round2.contains("error: expected a ';'"),
+        "the compile log goes back verbatim"
+    );
+    let round3 = &out.transcript[3].0.messages[0].content;
+    assert!(
+        round3.contains("first at index 7"),
+        "the numeric failure goes back localised"
+    );
+
+    // The recording hides the key and replays offline to the same verdicts.
+    let recorded = std::fs::read_to_string(&session).unwrap();
+    assert!(!recorded.contains("sk-e2e-test-key-123456"));
+    drop(server);
+    let mut replayed = Client::new(Box::new(Replay::open(&session).unwrap()));
+    let mut gpu = s.gpu();
+    let again = run::optimize(
+        &s.task(),
+        &mut replayed,
+        None,
+        &mut gpu,
+        &budget,
+        &Rules::default(),
+        &mut |_| {},
+    );
+    assert_eq!(verdicts(&again), v, "the replay reproduces every verdict");
+}
+
+#[test]
+fn a_reviewer_objection_is_answered_before_verification() {
+    let s = setup();
+    let rt = runtime();
+    let proposer = rt.block_on(MockServer::start());
+    let reviewer_server = rt.block_on(MockServer::start());
+    script(
+        &rt,
+        &proposer,
+        vec![
+            openai(&proposal(&s.source("// kopt-fake: wrong y 3"))),
+            // The answer to the objection: a revised candidate.
+            openai(&{
+                let mut v: serde_json::Value =
+                    serde_json::from_str(&proposal(&s.source("// kopt-fake: speedup 1.2")))
+                        .unwrap();
+                v["answers"] = json!([{ "objection": 1, "response": "revised", "reason": "the tail is now handled" }]);
+                v.to_string()
+            }),
+        ],
+    );
+    script(
+        &rt,
+        &reviewer_server,
+        vec![ResponseTemplate::new(200).set_body_json(json!({
+            "model": "claude-mock", "content": [{ "type": "text", "text": "{\"objections\": [{\"issue\": \"elements past the last multiple of 32 are never written\", \"severity\": \"blocking\", \"where\": \"write loop\"}]}" }],
+            "usage": { "input_tokens": 10, "output_tokens": 10 }
+        }))],
+    );
+    let mut c = client(&proposer);
+    let mut rv = Client::new(Box::new(Anthropic::new(Endpoint {
+        base_url: reviewer_server.uri(),
+        model: "claude-mock".into(),
+        key: None,
+        timeout: Duration::from_secs(5),
+    })));
+    let mut gpu = s.gpu();
+    let budget = Budget {
+        rounds: 1,
+        ..Budget::default()
+    };
+    let out = run::optimize(
+        &s.task(),
+        &mut c,
+        Some(&mut rv),
+        &mut gpu,
+        &budget,
+        &Rules::default(),
+        &mut |_| {},
+    );
+    let purposes: Vec<&str> = out
+        .transcript
+        .iter()
+        .map(|(r, _)| r.purpose.as_str())
+        .collect();
+    assert_eq!(purposes, vec!["propose", "review", "answer-review"]);
+    assert!(
+        out.transcript[2]
+            .0
+            .messages
+            .last()
+            .unwrap()
+            .content
+            .contains("never written"),
+        "the objection is put to the proposer"
+    );
+    let v = verdicts(&out);
+    assert_eq!(v.len(), 1);
+    assert!(
+        v[0].1,
+        "the revised candidate is verified and accepted: {v:?}"
+    );
+}
+
+#[test]
+fn the_same_error_three_times_escalates() {
+    let s = setup();
+    let rt = runtime();
+    let server = rt.block_on(MockServer::start());
+    script(
+        &rt,
+        &server,
+        (0..5)
+            .map(|_| openai(&proposal(&s.source("// kopt-fake: wrong y 5"))))
+            .collect(),
+    );
+    let mut c = client(&server);
+    let mut gpu = s.gpu();
+    let out = run::optimize(
+        &s.task(),
+        &mut c,
+        None,
+        &mut gpu,
+        &Budget::default(),
+        &Rules::default(),
+        &mut |_| {},
+    );
+    match &out.stop {
+        Stop::Escalated { reason, suspicion } => {
+            assert_eq!(reason, "the same numerics error came back 3 times");
+            assert!(suspicion.contains("first at index 5"), "{suspicion}");
+        }
+        other => panic!("expected an escalation, got {other:?}"),
+    }
+    assert_eq!(out.tried.len(), 3);
+}
+
+#[test]
+fn the_candidate_budget_stops_the_loop() {
+    let s = setup();
+    let rt = runtime();
+    let server = rt.block_on(MockServer::start());
+    let two = |a: &str, b: &str| {
+        let mut v: serde_json::Value = serde_json::from_str(&proposal(&s.source(a))).unwrap();
+        let second = serde_json::from_str::<serde_json::Value>(&proposal(&s.source(b))).unwrap()
+            ["proposals"][0]
+            .clone();
+        v["proposals"].as_array_mut().unwrap().push(second);
+        v.to_string()
+    };
+    script(
+        &rt,
+        &server,
+        vec![
+            openai(&two(
+                "// kopt-fake: speedup 1.1",
+                "// kopt-fake: speedup 1.2",
+            )),
+            openai(&two(
+                "// kopt-fake: speedup 1.3",
+                "// kopt-fake: speedup 1.4",
+            )),
+        ],
+    );
+    let mut c = client(&server);
+    let mut gpu = s.gpu();
+    let budget = Budget {
+        candidates: 3,
+        ..Budget::default()
+    };
+    let out = run::optimize(
+        &s.task(),
+        &mut c,
+        None,
+        &mut gpu,
+        &budget,
+        &Rules::default(),
+        &mut |_| {},
+    );
+    assert_eq!(
+        out.stop,
+        Stop::Budget {
+            which: "candidates".into()
+        }
+    );
+    assert_eq!(out.tried.len(), 3);
+}
+
+#[test]
+fn a_backend_that_fails_for_good_stops_the_loop_with_its_error() {
+    let s = setup();
+    let rt = runtime();
+    let server = rt.block_on(MockServer::start());
+    script(
+        &rt,
+        &server,
+        vec![ResponseTemplate::new(401)
+            .set_body_json(json!({ "error": { "message": "invalid api key" } }))],
+    );
+    let mut c = client(&server);
+    let mut gpu = s.gpu();
+    let out = run::optimize(
+        &s.task(),
+        &mut c,
+        None,
+        &mut gpu,
+        &Budget::default(),
+        &Rules::default(),
+        &mut |_| {},
+    );
+    assert_eq!(
+        out.stop,
+        Stop::Backend {
+            error: "HTTP 401: invalid api key".into()
+        }
+    );
+    let _ = c.name();
+}

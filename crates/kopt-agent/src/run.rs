@@ -1,0 +1,681 @@
+//! The loop for one kernel: propose, review, verify, feed back, until an improvement
+//! stalls, a rule escalates to a person, or a budget runs out.
+//!
+//! Rules (DESIGN.md §5):
+//! - after 3 compile failures in the task, the next request is a reflection turn (the agent
+//!   re-reads its last candidate against the reference) instead of a plain proposal;
+//! - escalate when 3 rounds bring no improvement, when the same error (the same fence with
+//!   the same first message line) comes back twice after its first occurrence, or when 3
+//!   compiled candidates in a row fail verification;
+//! - budgets cap rounds, candidates, wall time, tokens and dollars.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kopt_engine::job::KernelVersion;
+use kopt_engine::verdict::{Fence, Verdict};
+use kopt_spec::KernelSpec;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{BackendError, Client, Spend};
+use crate::chat::{ChatRequest, Message};
+use crate::context::{self, CaseLine, ContextInput, Feedback};
+use crate::proposal::{self, Resolved};
+
+/// Verifies a candidate against the reference, its watchdog comparing with `best_us`
+/// (the current best's time per shape; `None`: the reference measured in the same job).
+pub trait Evaluate {
+    fn evaluate(
+        &mut self,
+        candidate: &KernelVersion,
+        best_us: Option<&BTreeMap<String, f64>>,
+    ) -> Verdict;
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Budget {
+    pub rounds: u32,
+    pub candidates: u32,
+    pub wall: Duration,
+    pub tokens: u64,
+    pub dollars: f64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            rounds: 8,
+            candidates: 24,
+            wall: Duration::from_secs(3600),
+            tokens: 2_000_000,
+            dollars: 20.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Rules {
+    pub compile_failures_before_reflection: u32,
+    pub rounds_without_improvement: u32,
+    pub repeats_of_an_error: u32,
+    pub failed_verifications_in_a_row: u32,
+    /// A win must be faster than the best by this fraction on some shape.
+    pub min_gain: f64,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules {
+            compile_failures_before_reflection: 3,
+            rounds_without_improvement: 3,
+            repeats_of_an_error: 2,
+            failed_verifications_in_a_row: 3,
+            min_gain: 0.03,
+        }
+    }
+}
+
+/// What the loop knows about the kernel before it starts.
+#[derive(Debug, Clone)]
+pub struct Task<'a> {
+    pub spec: &'a KernelSpec,
+    pub reference: KernelVersion,
+    pub device: String,
+    pub ceilings: String,
+    pub snapshot: Option<String>,
+    pub structure: String,
+    pub cases: Vec<CaseLine>,
+    pub hint: Option<String>,
+    pub context_tokens: usize,
+}
+
+/// Why the loop stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Stop {
+    /// The round budget was used up (the normal end).
+    Rounds,
+    Budget {
+        which: String,
+    },
+    /// A person should look: the reason, what kopt suspects, and how to resume.
+    Escalated {
+        reason: String,
+        suspicion: String,
+    },
+    /// The backend failed for good (bad key, unreachable endpoint after retries...).
+    Backend {
+        error: String,
+    },
+}
+
+/// One candidate and what became of it.
+#[derive(Debug, Clone)]
+pub struct Tried {
+    pub round: u32,
+    pub id: String,
+    pub resolved: Option<Resolved>,
+    pub verdict: Option<Verdict>,
+    /// Why it never reached verification (a malformed reply after its repair).
+    pub error: Option<String>,
+}
+
+/// The end of a task.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub stop: Stop,
+    pub rounds: u32,
+    pub tried: Vec<Tried>,
+    /// The best verified candidate, if it beats the reference.
+    pub best: Option<(KernelVersion, Resolved, Verdict)>,
+    pub spend: Spend,
+    /// Every request and reply, in order (the transcript; the recorder keeps it on disk).
+    pub transcript: Vec<(ChatRequest, Result<String, String>)>,
+}
+
+/// An event for progress displays and the run journal.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "kebab-case")]
+pub enum Event {
+    Round {
+        round: u32,
+    },
+    Request {
+        purpose: String,
+    },
+    Candidate {
+        id: String,
+    },
+    Verdict {
+        id: String,
+        accepted: bool,
+        summary: String,
+    },
+    Improved {
+        id: String,
+        speedup: f64,
+    },
+    Reflection,
+    Review {
+        id: String,
+        objections: usize,
+    },
+}
+
+fn error_key(v: &Verdict) -> Option<(Fence, String)> {
+    let f = v.failures.first()?;
+    let line = f.message.lines().next().unwrap_or("").to_string();
+    Some((f.fence, line))
+}
+
+/// Layered feedback from a verdict: the verdict, the compile log verbatim, the first
+/// localised numeric failure, per-shape figures against the best, notes.
+pub fn feedback(round: u32, id: &str, v: &Verdict) -> Feedback {
+    let mut details = Vec::new();
+    if !v.compile_log.trim().is_empty() {
+        let log: Vec<&str> = v.compile_log.lines().take(40).collect();
+        details.push(format!("compile log:\n{}", log.join("\n")));
+    }
+    for f in v.failures.iter().take(4) {
+        if f.fence != Fence::Compile {
+            details.push(format!(
+                "{}{}: {}",
+                f.fence.name(),
+                f.shape
+                    .as_ref()
+                    .map(|s| format!(" [{s}]"))
+                    .unwrap_or_default(),
+                f.message
+            ));
+        }
+    }
+    for c in &v.comparisons {
+        details.push(format!(
+            "{}: {:.2} µs against the best {:.2} µs ({:.2}x)",
+            c.shape, c.candidate_us, c.best_us, c.speedup
+        ));
+    }
+    for s in v.shapes.iter().filter(|s| !s.held_out) {
+        let mut parts = Vec::new();
+        if let Some(p) = s.copy_bandwidth_pct {
+            parts.push(format!("{p:.1}% of copy bandwidth"));
+        }
+        if let Some(r) = s.registers {
+            parts.push(format!("{r} registers"));
+        }
+        if let Some(o) = s.occupancy_pct {
+            parts.push(format!("{o:.0}% theoretical occupancy"));
+        }
+        if !parts.is_empty() {
+            details.push(format!("{}: {}", s.shape, parts.join(", ")));
+        }
+    }
+    details.extend(v.notes.iter().cloned());
+    let verdict = if v.accepted {
+        "accepted".to_string()
+    } else {
+        format!("rejected: {}", v.summary().lines().next().unwrap_or(""))
+    };
+    Feedback {
+        round,
+        candidate: id.to_string(),
+        verdict,
+        details,
+    }
+}
+
+fn ask(
+    client: &mut Client,
+    req: ChatRequest,
+    transcript: &mut Vec<(ChatRequest, Result<String, String>)>,
+    on: &mut dyn FnMut(Event),
+) -> Result<String, BackendError> {
+    on(Event::Request {
+        purpose: req.purpose.clone(),
+    });
+    let r = client.complete(&req);
+    transcript.push((
+        req,
+        r.as_ref()
+            .map(|x| x.text.clone())
+            .map_err(|e| e.to_string()),
+    ));
+    r.map(|x| x.text)
+}
+
+#[derive(Deserialize)]
+struct Objections {
+    objections: Vec<serde_json::Value>,
+}
+
+/// Runs the loop for one kernel.
+pub fn optimize(
+    task: &Task,
+    client: &mut Client,
+    mut reviewer: Option<&mut Client>,
+    evaluator: &mut dyn Evaluate,
+    budget: &Budget,
+    rules: &Rules,
+    on: &mut dyn FnMut(Event),
+) -> Outcome {
+    let start = Instant::now();
+    let spec = task.spec;
+    let schema = serde_json::to_string_pretty(&proposal::schema()).expect("serialises");
+    let mut out = Outcome {
+        stop: Stop::Rounds,
+        rounds: 0,
+        tried: vec![],
+        best: None,
+        spend: Spend::default(),
+        transcript: vec![],
+    };
+    let mut best_version = task.reference.clone();
+    let mut best_label = "reference".to_string();
+    let mut best_us: Option<BTreeMap<String, f64>> = None;
+    let mut figures: Vec<String> = Vec::new();
+    let mut history: Vec<Feedback> = Vec::new();
+    let mut compile_failures = 0u32;
+    let mut failed_in_a_row = 0u32;
+    let mut rounds_without_gain = 0u32;
+    let mut seen_errors: BTreeMap<(Fence, String), u32> = BTreeMap::new();
+    let mut last_compile_log = String::new();
+    let mut candidates = 0u32;
+
+    'rounds: for round in 1..=budget.rounds {
+        out.rounds = round;
+        on(Event::Round { round });
+        let spent = client.spend.usage.input_tokens
+            + client.spend.usage.output_tokens
+            + reviewer
+                .as_ref()
+                .map(|r| r.spend.usage.input_tokens + r.spend.usage.output_tokens)
+                .unwrap_or(0);
+        let dollars =
+            client.spend.dollars + reviewer.as_ref().map(|r| r.spend.dollars).unwrap_or(0.0);
+        let over = if start.elapsed() > budget.wall {
+            Some("wall time")
+        } else if spent >= budget.tokens {
+            Some("tokens")
+        } else if dollars >= budget.dollars {
+            Some("dollars")
+        } else if candidates >= budget.candidates {
+            Some("candidates")
+        } else {
+            None
+        };
+        if let Some(which) = over {
+            out.stop = Stop::Budget {
+                which: which.into(),
+            };
+            break;
+        }
+
+        // The request: a reflection turn after repeated compile failures, else a proposal.
+        let launch = [
+            best_version
+                .launch
+                .grid
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            best_version
+                .launch
+                .block
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            best_version.launch.smem.to_string(),
+        ];
+        let input = ContextInput {
+            spec,
+            round,
+            best_label: best_label.clone(),
+            best_source: &best_version.source,
+            best_launch: launch,
+            device: task.device.clone(),
+            ceilings: task.ceilings.clone(),
+            figures: figures.clone(),
+            snapshot: task.snapshot.clone(),
+            structure: task.structure.clone(),
+            cases: task.cases.clone(),
+            history: history.clone(),
+            hint: task.hint.clone(),
+            budget_tokens: task.context_tokens,
+        };
+        let mut req = match context::propose(&input, &schema) {
+            Ok(r) => r,
+            Err(e) => {
+                out.stop = Stop::Escalated {
+                    reason: format!("the context does not fit: {e}"),
+                    suspicion: "raise --context-tokens or shorten the kernel's source".into(),
+                };
+                break;
+            }
+        };
+        if compile_failures >= rules.compile_failures_before_reflection {
+            on(Event::Reflection);
+            let reflect = context::fill(
+                context::REFLECT,
+                &BTreeMap::from([
+                    ("log", last_compile_log.clone()),
+                    ("reference_source", task.reference.source.clone()),
+                ]),
+            )
+            .expect("template values");
+            req.purpose = "reflect".into();
+            req.messages[0].content.push_str("\n\n");
+            req.messages[0].content.push_str(&reflect);
+            compile_failures = 0;
+        }
+        let text = match ask(client, req.clone(), &mut out.transcript, on) {
+            Ok(t) => t,
+            Err(e) => {
+                out.stop = Stop::Backend {
+                    error: e.to_string(),
+                };
+                break;
+            }
+        };
+        // One repair round for a malformed reply.
+        let resolved = match proposal::parse(&text, spec, &best_version.source) {
+            Ok(r) => r,
+            Err(errors) => {
+                let mut repair = req.clone();
+                repair.purpose = "repair".into();
+                repair.messages.push(Message::assistant(text.clone()));
+                repair
+                    .messages
+                    .push(Message::user(proposal::repair_prompt(&errors)));
+                let fixed = match ask(client, repair, &mut out.transcript, on) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        out.stop = Stop::Backend {
+                            error: e.to_string(),
+                        };
+                        break;
+                    }
+                };
+                match proposal::parse(&fixed, spec, &best_version.source) {
+                    Ok(r) => r,
+                    Err(errors) => {
+                        let msg =
+                            format!("malformed reply after one repair: {}", errors.join("; "));
+                        out.tried.push(Tried {
+                            round,
+                            id: format!("r{round}"),
+                            resolved: None,
+                            verdict: None,
+                            error: Some(msg.clone()),
+                        });
+                        history.push(Feedback {
+                            round,
+                            candidate: format!("r{round}"),
+                            verdict: "no usable proposal".into(),
+                            details: errors,
+                        });
+                        let n = seen_errors
+                            .entry((Fence::Compile, "malformed reply".into()))
+                            .or_insert(0);
+                        *n += 1;
+                        if *n > rules.repeats_of_an_error {
+                            out.stop = Stop::Escalated {
+                                reason: "the agent's replies stay malformed".into(),
+                                suspicion: msg,
+                            };
+                            break;
+                        }
+                        rounds_without_gain += 1;
+                        continue;
+                    }
+                }
+            }
+        };
+
+        let mut improved = false;
+        for (i, mut r) in resolved.into_iter().enumerate() {
+            if candidates >= budget.candidates {
+                out.stop = Stop::Budget {
+                    which: "candidates".into(),
+                };
+                break 'rounds;
+            }
+            candidates += 1;
+            let id = format!("r{round}c{}", i + 1);
+            on(Event::Candidate { id: id.clone() });
+            // The reviewer's objections, and the proposer's answers, before verification.
+            if let Some(rv) = reviewer.as_deref_mut() {
+                let review = ChatRequest {
+                    purpose: "review".into(),
+                    system: "You review CUDA kernels for correctness before they are run.".into(),
+                    messages: vec![Message::user(
+                        context::fill(
+                            context::REVIEW,
+                            &BTreeMap::from([
+                                (
+                                    "params",
+                                    spec.params
+                                        .iter()
+                                        .map(|p| p.name().to_string())
+                                        .collect::<Vec<_>>()
+                                        .join(", "),
+                                ),
+                                ("shapes", context::shapes(spec)),
+                                (
+                                    "proposal",
+                                    serde_json::to_string_pretty(&r.proposal).expect("serialises"),
+                                ),
+                                ("source", r.source.clone()),
+                            ]),
+                        )
+                        .expect("template values"),
+                    )],
+                    max_tokens: 2048,
+                    temperature: 0.0,
+                };
+                let objections = match ask(rv, review, &mut out.transcript, on) {
+                    Ok(t) => proposal::extract_json(&t)
+                        .and_then(|j| serde_json::from_str::<Objections>(j).ok())
+                        .map(|o| o.objections)
+                        .unwrap_or_default(),
+                    Err(e) => {
+                        out.stop = Stop::Backend {
+                            error: format!("reviewer: {e}"),
+                        };
+                        break 'rounds;
+                    }
+                };
+                on(Event::Review {
+                    id: id.clone(),
+                    objections: objections.len(),
+                });
+                if !objections.is_empty() {
+                    let mut answer = req.clone();
+                    answer.purpose = "answer-review".into();
+                    answer.messages.push(Message::assistant(
+                        serde_json::to_string(&proposal::ProposalSet {
+                            proposals: vec![r.proposal.clone()],
+                        })
+                        .expect("serialises"),
+                    ));
+                    answer.messages.push(Message::user(
+                        context::fill(
+                            context::ANSWER_REVIEW,
+                            &BTreeMap::from([(
+                                "objections",
+                                objections
+                                    .iter()
+                                    .enumerate()
+                                    .map(|(k, o)| format!("{}. {}", k + 1, o))
+                                    .collect::<Vec<_>>()
+                                    .join("\n"),
+                            )]),
+                        )
+                        .expect("template values"),
+                    ));
+                    match ask(client, answer, &mut out.transcript, on) {
+                        Ok(t) => {
+                            if let Ok(mut revised) = proposal::parse(&t, spec, &best_version.source)
+                            {
+                                r = revised.remove(0);
+                            }
+                        }
+                        Err(e) => {
+                            out.stop = Stop::Backend {
+                                error: e.to_string(),
+                            };
+                            break 'rounds;
+                        }
+                    }
+                }
+            }
+            let version = candidate_version(&best_version, &id, &r);
+            let verdict = evaluator.evaluate(&version, best_us.as_ref());
+            on(Event::Verdict {
+                id: id.clone(),
+                accepted: verdict.accepted,
+                summary: verdict.summary(),
+            });
+            let fb = feedback(round, &id, &verdict);
+            history.push(fb);
+            if let Some(key) = error_key(&verdict) {
+                if key.0 == Fence::Compile {
+                    compile_failures += 1;
+                    last_compile_log = verdict.compile_log.clone();
+                } else {
+                    failed_in_a_row += 1;
+                }
+                let n = seen_errors.entry(key.clone()).or_insert(0);
+                *n += 1;
+                if *n > rules.repeats_of_an_error {
+                    out.tried.push(Tried {
+                        round,
+                        id: id.clone(),
+                        resolved: Some(r),
+                        verdict: Some(verdict),
+                        error: None,
+                    });
+                    out.stop = Stop::Escalated {
+                        reason: format!("the same {} error came back {} times", key.0.name(), *n),
+                        suspicion: format!("every attempt fails with: {}", key.1),
+                    };
+                    break 'rounds;
+                }
+                if failed_in_a_row >= rules.failed_verifications_in_a_row {
+                    out.tried.push(Tried {
+                        round,
+                        id: id.clone(),
+                        resolved: Some(r),
+                        verdict: Some(verdict.clone()),
+                        error: None,
+                    });
+                    out.stop = Stop::Escalated {
+                        reason: format!("verification failed {failed_in_a_row} times in a row"),
+                        suspicion: format!("the last failure: {}", verdict.summary()),
+                    };
+                    break 'rounds;
+                }
+            } else {
+                failed_in_a_row = 0;
+                let gain = verdict
+                    .comparisons
+                    .iter()
+                    .map(|c| c.speedup)
+                    .fold(0.0, f64::max);
+                if gain > 1.0 + rules.min_gain {
+                    on(Event::Improved {
+                        id: id.clone(),
+                        speedup: gain,
+                    });
+                    improved = true;
+                    best_us = Some(
+                        verdict
+                            .shapes
+                            .iter()
+                            .filter_map(|s| s.candidate_us.map(|t| (s.shape.clone(), t)))
+                            .collect(),
+                    );
+                    figures = verdict
+                        .shapes
+                        .iter()
+                        .filter(|s| !s.held_out)
+                        .filter_map(|s| {
+                            Some(format!(
+                                "{}: {:.2} µs ({:.2}x the reference){}",
+                                s.shape,
+                                s.candidate_us?,
+                                s.speedup.unwrap_or(1.0),
+                                s.copy_bandwidth_pct
+                                    .map(|p| format!(", {p:.1}% of copy bandwidth"))
+                                    .unwrap_or_default()
+                            ))
+                        })
+                        .collect();
+                    best_version = version.clone();
+                    best_label = id.clone();
+                    out.best = Some((version, r.clone(), verdict.clone()));
+                }
+            }
+            out.tried.push(Tried {
+                round,
+                id,
+                resolved: Some(r),
+                verdict: Some(verdict),
+                error: None,
+            });
+        }
+        if improved {
+            rounds_without_gain = 0;
+        } else {
+            rounds_without_gain += 1;
+            if rounds_without_gain >= rules.rounds_without_improvement {
+                out.stop = Stop::Escalated {
+                    reason: format!("{rounds_without_gain} rounds brought no improvement"),
+                    suspicion: history
+                        .last()
+                        .map(|f| format!("the last candidate: {}", f.verdict))
+                        .unwrap_or_default(),
+                };
+                break;
+            }
+        }
+    }
+    out.spend = client.spend;
+    if let Some(r) = reviewer {
+        out.spend.requests += r.spend.requests;
+        out.spend.retries += r.spend.retries;
+        out.spend.usage += r.spend.usage;
+        out.spend.dollars += r.spend.dollars;
+    }
+    out
+}
+
+/// The candidate as a kernel version: its source, and the launch rule, defines and
+/// options it names (else the current best's).
+fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> KernelVersion {
+    let mut v = best.clone();
+    v.id = id.to_string();
+    v.source = r.source.clone();
+    if let Some(l) = &r.proposal.launch {
+        let parse = |t: &str| -> kopt_spec::expr::Expr {
+            kopt_spec::expr::parse_str(
+                t,
+                kopt_spec::expr::Ty::Int,
+                &|_| Some(kopt_spec::expr::VarKind::Int),
+                &[],
+            )
+            .expect("validated when the proposal was parsed")
+        };
+        v.launch.grid = [parse(&l.grid[0]), parse(&l.grid[1]), parse(&l.grid[2])];
+        v.launch.block = [parse(&l.block[0]), parse(&l.block[1]), parse(&l.block[2])];
+        v.launch.smem = parse(&l.smem);
+    }
+    if !r.proposal.defines.is_empty() {
+        v.defines = r.proposal.defines.clone();
+    }
+    if !r.proposal.options.is_empty() {
+        v.options = r.proposal.options.clone();
+    }
+    v
+}
