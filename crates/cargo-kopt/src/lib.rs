@@ -13,6 +13,7 @@
 pub mod commands;
 pub mod eval;
 pub mod gather;
+pub mod optimize;
 pub mod render;
 pub mod review;
 pub mod store;

@@ -174,6 +174,32 @@ enum Command {
         #[arg(long)]
         refresh: bool,
     },
+    // --- optimize (issue 7)
+    /// Optimise kernels with an agent: propose, review, verify, feed back; verified
+    /// winners are left as pending variants (`cargo kopt review`).
+    Optimize {
+        kernels: Vec<String>,
+        /// openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH (default: $KOPT_AGENT).
+        #[arg(long, env = "KOPT_AGENT")]
+        agent: Option<String>,
+        /// A second backend that critiques each proposal before verification.
+        #[arg(long, env = "KOPT_REVIEWER")]
+        reviewer: Option<String>,
+        /// rounds=N,candidates=N,minutes=N,tokens=N,dollars=N (any subset).
+        #[arg(long)]
+        budget: Option<String>,
+        /// Guidance from a person (resumes after an escalation).
+        #[arg(long)]
+        hint: Option<String>,
+        /// The context's size limit, in tokens.
+        #[arg(long, default_value_t = 60_000)]
+        context_tokens: usize,
+        /// Continue the run with this id (its journal and sessions).
+        #[arg(long)]
+        run: Option<String>,
+        #[command(flatten)]
+        eval: EvalArgs,
+    },
     /// Print the evaluation job (checks only) of a kernel's shape, as the worker reads it:
     /// for running the worker by hand under a profiler or sanitizer.
     #[command(name = "__job", hide = true)]
@@ -463,6 +489,42 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        // --- optimize (issue 7)
+        Command::Optimize {
+            kernels,
+            agent,
+            reviewer,
+            budget,
+            hint,
+            context_tokens,
+            run,
+            eval: args,
+        } => {
+            check_names(&gathered, &kernels)?;
+            let agent = agent.ok_or("no agent configured: pass --agent openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH, or set KOPT_AGENT (the built-in heuristic agent is not built yet)")?;
+            let opts = cargo_kopt::optimize::Options {
+                kernels,
+                agent,
+                reviewer,
+                budget: parse_budget(budget.as_deref())?,
+                hint,
+                context_tokens,
+                settings: args.settings(),
+                run_id: run,
+            };
+            let bar = progress_bar(json);
+            let (run_id, results) = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| {
+                bar.set_message(m.to_string())
+            })?;
+            bar.finish_and_clear();
+            if json {
+                print_json(&serde_json::json!({ "run": run_id, "kernels": results }));
+            } else {
+                render::optimize(&run_id, &results);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        // --- end of optimize (issue 7)
         Command::Job {
             kernel,
             shape,
@@ -499,6 +561,35 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Command::Worker { .. } => unreachable!("handled before gathering"),
     }
+}
+
+/// `rounds=8,candidates=24,minutes=60,tokens=2000000,dollars=20` (any subset).
+fn parse_budget(text: Option<&str>) -> Result<kopt_agent::run::Budget, String> {
+    let mut b = kopt_agent::run::Budget::default();
+    let Some(text) = text else { return Ok(b) };
+    for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+        let (k, v) = part.split_once('=').ok_or(format!(
+            "`{part}`: write name=value (rounds, candidates, minutes, tokens, dollars)"
+        ))?;
+        let bad = || format!("`{part}`: `{v}` is not a number");
+        match k.trim() {
+            "rounds" => b.rounds = v.trim().parse().map_err(|_| bad())?,
+            "candidates" => b.candidates = v.trim().parse().map_err(|_| bad())?,
+            "minutes" => {
+                b.wall = std::time::Duration::from_secs_f64(
+                    v.trim().parse::<f64>().map_err(|_| bad())? * 60.0,
+                )
+            }
+            "tokens" => b.tokens = v.trim().parse().map_err(|_| bad())?,
+            "dollars" => b.dollars = v.trim().parse().map_err(|_| bad())?,
+            other => {
+                return Err(format!(
+                    "unknown budget `{other}`: use rounds, candidates, minutes, tokens, dollars"
+                ))
+            }
+        }
+    }
+    Ok(b)
 }
 
 fn check_names(g: &Gathered, names: &[String]) -> Result<(), String> {

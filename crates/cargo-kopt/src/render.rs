@@ -255,3 +255,40 @@ pub fn bench(d: &DeviceInfo, c: Option<&Ceilings>, rows: &[BenchRow]) {
 fn indent(s: &str) -> String {
     s.lines().map(|l| format!("  {l}\n")).collect()
 }
+
+pub fn optimize(run_id: &str, results: &[crate::optimize::KernelResult]) {
+    use kopt_agent::run::Stop;
+    let mut t = Table::new(&[
+        "kernel", "rounds", "accepted", "rejected", "best", "stopped", "pending", "tokens", "cost",
+    ]);
+    for r in results {
+        let (stop, st) = match &r.stop {
+            Stop::Rounds => ("rounds done".to_string(), Style::new()),
+            Stop::Budget { which } => (format!("budget ({which})"), Style::new()),
+            Stop::Escalated { reason, .. } => {
+                (format!("escalated: {reason}"), style(AnsiColor::Yellow))
+            }
+            Stop::Backend { error } => (format!("agent failed: {error}"), style(AnsiColor::Red)),
+        };
+        t.row(vec![
+            (r.kernel.clone(), Style::new().bold()),
+            (r.rounds.to_string(), Style::new()),
+            (r.accepted.to_string(), style(AnsiColor::Green)),
+            (r.rejected.to_string(), Style::new()),
+            (opt(r.best_speedup, |b| format!("{b:.2}x")), Style::new()),
+            (stop, st),
+            (
+                r.pending.clone().unwrap_or_else(|| "–".into()),
+                Style::new(),
+            ),
+            (r.tokens.to_string(), Style::new()),
+            (format!("${:.2}", r.dollars), Style::new()),
+        ]);
+    }
+    let mut out = anstream::stdout();
+    let _ = write!(out, "{}", t.render());
+    for r in results.iter().filter_map(|r| r.escalation.as_ref()) {
+        let _ = writeln!(out, "escalation note: target/kopt/runs/{run_id}/{r}");
+    }
+    let _ = writeln!(out, "run {run_id}: journal and recorded sessions in target/kopt/runs/{run_id}/; review the winners with `cargo kopt review`");
+}

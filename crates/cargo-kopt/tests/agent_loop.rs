@@ -1,51 +1,23 @@
 //! The agent loop end to end without a GPU: real local HTTP servers (wiremock) play an
 //! OpenAI-compatible and an Anthropic endpoint, the engine's fake worker plays the GPU.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cargo_kopt::eval::{self, Settings};
+use cargo_kopt::eval::Settings;
 use cargo_kopt::gather::{self, Gathered, Kernel};
+use cargo_kopt::optimize::EngineEvaluator;
 use kopt_agent::backend::Client;
 use kopt_agent::http::{Anthropic, Endpoint, OpenAi};
-use kopt_agent::run::{self, Budget, Evaluate, Rules, Stop, Task};
+use kopt_agent::run::{self, Budget, Rules, Stop, Task};
 use kopt_agent::session::{Recorder, Replay};
 use kopt_engine::engine::Engine;
 use kopt_engine::job::KernelVersion;
 use kopt_engine::parent::WorkerCommand;
-use kopt_engine::verdict::{Judge, Verdict};
+use kopt_engine::verdict::Judge;
 use serde_json::json;
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
-
-struct FakeGpu<'a> {
-    g: &'a Gathered,
-    k: &'a Kernel,
-    engine: Engine,
-    judge: Judge,
-}
-
-impl Evaluate for FakeGpu<'_> {
-    fn evaluate(
-        &mut self,
-        candidate: &KernelVersion,
-        best_us: Option<&BTreeMap<String, f64>>,
-    ) -> Verdict {
-        let job = eval::job(
-            self.g,
-            self.k,
-            candidate.clone(),
-            None,
-            &Settings::default(),
-            true,
-        );
-        let ev = self.engine.evaluate(&job, &mut |_| {});
-        let mut judge = self.judge.clone();
-        judge.best_us = best_us.cloned();
-        judge.judge(&ev.report)
-    }
-}
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -68,19 +40,26 @@ impl Setup {
             .unwrap()
     }
 
-    fn gpu(&self) -> FakeGpu<'_> {
+    fn engine(&self) -> Engine {
         let mut engine = Engine::new(
             WorkerCommand::fake(PathBuf::from(env!("CARGO_BIN_EXE_cargo-kopt"))),
             None,
             kopt_engine::ceilings::CeilingsCache::at(self.dir.path().join("ceilings.json")),
         );
         engine.worker.step_timeout = Duration::from_secs(5);
+        engine
+    }
+
+    /// The fake device as the loop's judge, through the evaluator `optimize` uses.
+    fn gpu<'a>(&'a self, engine: &'a mut Engine) -> EngineEvaluator<'a> {
         let ceilings = engine.ceilings(false).ok();
-        FakeGpu {
+        EngineEvaluator {
             g: &self.g,
             k: self.kernel(),
             engine,
             judge: Judge::new(ceilings),
+            settings: Settings::default(),
+            last_job: None,
         }
     }
 
@@ -204,7 +183,8 @@ fn a_multi_round_session_with_feedback_repair_retry_and_replay() {
     )
     .unwrap();
     let mut c = Client::new(Box::new(recorder)).with_sleep(|_| {});
-    let mut gpu = s.gpu();
+    let mut engine = s.engine();
+    let mut gpu = s.gpu(&mut engine);
     let budget = Budget {
         rounds: 3,
         ..Budget::default()
@@ -256,7 +236,8 @@ fn a_multi_round_session_with_feedback_repair_retry_and_replay() {
     assert!(!recorded.contains("sk-e2e-test-key-123456"));
     drop(server);
     let mut replayed = Client::new(Box::new(Replay::open(&session).unwrap()));
-    let mut gpu = s.gpu();
+    let mut engine = s.engine();
+    let mut gpu = s.gpu(&mut engine);
     let again = run::optimize(
         &s.task(),
         &mut replayed,
@@ -305,7 +286,8 @@ fn a_reviewer_objection_is_answered_before_verification() {
         key: None,
         timeout: Duration::from_secs(5),
     })));
-    let mut gpu = s.gpu();
+    let mut engine = s.engine();
+    let mut gpu = s.gpu(&mut engine);
     let budget = Budget {
         rounds: 1,
         ..Budget::default()
@@ -356,7 +338,8 @@ fn the_same_error_three_times_escalates() {
             .collect(),
     );
     let mut c = client(&server);
-    let mut gpu = s.gpu();
+    let mut engine = s.engine();
+    let mut gpu = s.gpu(&mut engine);
     let out = run::optimize(
         &s.task(),
         &mut c,
@@ -404,7 +387,8 @@ fn the_candidate_budget_stops_the_loop() {
         ],
     );
     let mut c = client(&server);
-    let mut gpu = s.gpu();
+    let mut engine = s.engine();
+    let mut gpu = s.gpu(&mut engine);
     let budget = Budget {
         candidates: 3,
         ..Budget::default()
@@ -439,7 +423,8 @@ fn a_backend_that_fails_for_good_stops_the_loop_with_its_error() {
             .set_body_json(json!({ "error": { "message": "invalid api key" } }))],
     );
     let mut c = client(&server);
-    let mut gpu = s.gpu();
+    let mut engine = s.engine();
+    let mut gpu = s.gpu(&mut engine);
     let out = run::optimize(
         &s.task(),
         &mut c,
@@ -456,4 +441,74 @@ fn a_backend_that_fails_for_good_stops_the_loop_with_its_error() {
         }
     );
     let _ = c.name();
+}
+
+#[test]
+fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    // A scripted agent: whatever it is asked, one proposal 30% faster on the fake device.
+    let reply = json!({ "text": proposal(&s.source("// kopt-fake: speedup 1.3")), "usage": { "input_tokens": 900, "output_tokens": 100 } });
+    let reply_file = ws.root.join("reply.json");
+    std::fs::write(&reply_file, reply.to_string()).unwrap();
+    let script = ws.root.join("agent.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncat > /dev/null\ncat '{}'\n",
+            reply_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_cargo-kopt"))
+            .arg("kopt")
+            .args(args)
+            .arg("--manifest-path")
+            .arg(ws.manifest())
+            .env("KOPT_WORKER", "fake")
+            .env("KOPT_CACHE_DIR", ws.root.join("cache"))
+            .env("KOPT_CASES", ws.root.join("cases.sqlite"))
+            .output()
+            .unwrap()
+    };
+    let agent = format!("cmd:{}", script.display());
+    let o = run(&[
+        "optimize",
+        "softmax",
+        "--agent",
+        &agent,
+        "--budget",
+        "rounds=1",
+        "--run",
+        "e2e",
+        "--message-format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["kernels"][0]["pending"], "llm-kernels/softmax/sm_90",
+        "{v}"
+    );
+    assert_eq!(v["kernels"][0]["accepted"], 1);
+    let runs = ws.root.join("target/kopt/runs/e2e");
+    assert!(runs.join("journal.jsonl").is_file(), "the run journal");
+    assert!(
+        std::fs::read_to_string(runs.join("sessions/softmax.jsonl"))
+            .unwrap()
+            .contains("\"purpose\":\"propose\""),
+        "the recorded session"
+    );
+    let o = run(&["pending", "--message-format", "json"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("e2e-r1c1"),
+        "{}",
+        kopt_tests::text(&o)
+    );
+
+    let o = run(&["optimize", "softmax", "--agent", "heuristic"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("heuristic agent is not built yet"));
 }

@@ -94,6 +94,9 @@ pub struct ShapeFigures {
     /// Largest errors over every check of this shape.
     pub max_abs_error: f64,
     pub max_rel_error: f64,
+    /// Per output buffer: the largest absolute and relative errors over the checks.
+    #[serde(default)]
+    pub outputs: BTreeMap<String, (f64, f64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -109,6 +112,9 @@ pub struct Verdict {
     /// The candidate's compile log (warnings and errors, verbatim).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub compile_log: String,
+    /// Seeds of every input set the checks drew.
+    #[serde(default)]
+    pub seeds: Vec<u64>,
 }
 
 impl Verdict {
@@ -126,6 +132,7 @@ impl Verdict {
             outliers: vec![],
             notes: vec![],
             compile_log: String::new(),
+            seeds: vec![],
         }
     }
 
@@ -318,6 +325,17 @@ impl Judge {
                 curve.push((s.label.clone(), s.bytes as f64, t.median_us));
             }
             let cand = s.candidate.as_ref();
+            let mut outputs: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+            for c in &s.checks {
+                if !v.seeds.contains(&c.seed) {
+                    v.seeds.push(c.seed);
+                }
+                for o in &c.outputs {
+                    let e = outputs.entry(o.buffer.clone()).or_insert((0.0, 0.0));
+                    e.0 = e.0.max(o.max_abs_error);
+                    e.1 = e.1.max(o.max_rel_error);
+                }
+            }
             v.shapes.push(ShapeFigures {
                 shape: s.label.clone(),
                 held_out: s.held_out,
@@ -333,6 +351,7 @@ impl Judge {
                 occupancy_pct: cand.and_then(|c| c.occupancy).map(|o| o.percent()),
                 max_abs_error: max_abs,
                 max_rel_error: max_rel,
+                outputs,
             });
         }
         v.comparisons = stats::watchdog(&timed, self.threshold);

@@ -1,0 +1,606 @@
+//! `cargo kopt optimize`: the agent loop over the selected kernels, with the engine as
+//! its judge, the run journal and recorded sessions as its record, and verified winners
+//! left as pending variants with their rationale.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use kopt_agent::backend::{Backend, Client, Prices};
+use kopt_agent::command::External;
+use kopt_agent::http::{Anthropic, Endpoint, OpenAi};
+use kopt_agent::run::{self, Budget, Evaluate, Rules, Stop, Task};
+use kopt_agent::session::{Recorder, Replay};
+use kopt_engine::engine::Engine;
+use kopt_engine::job::{EvalJob, KernelVersion};
+use kopt_engine::verdict::{Judge, Verdict};
+use kopt_spec::files::{self, VariantFile, VerifiedBy};
+use kopt_store::evidence::{self, Evidence, NumericEvidence, NumericResult, ShapeMeasurement};
+use kopt_store::journal::{Event, Journal};
+use kopt_store::layout::KoptDir;
+use kopt_store::pending::{EvidenceSummary, Fence as PendingFence, PendingMeta, PendingVariant};
+use kopt_store::redact::Redactor;
+use serde::Serialize;
+
+use crate::eval::{self, Settings};
+use crate::gather::{Gathered, Kernel};
+
+/// Verifies candidates through the engine, judging against the current best.
+pub struct EngineEvaluator<'a> {
+    pub g: &'a Gathered,
+    pub k: &'a Kernel,
+    pub engine: &'a mut Engine,
+    pub judge: Judge,
+    pub settings: Settings,
+    /// The last job evaluated (its shapes and seeds go into the evidence).
+    pub last_job: Option<EvalJob>,
+}
+
+impl Evaluate for EngineEvaluator<'_> {
+    fn evaluate(
+        &mut self,
+        candidate: &KernelVersion,
+        best_us: Option<&BTreeMap<String, f64>>,
+    ) -> Verdict {
+        let job = eval::job(
+            self.g,
+            self.k,
+            candidate.clone(),
+            None,
+            &self.settings,
+            true,
+        );
+        let ev = self.engine.evaluate(&job, &mut |_| {});
+        let mut judge = self.judge.clone();
+        judge.best_us = best_us.cloned();
+        self.last_job = Some(job);
+        judge.judge(&ev.report)
+    }
+}
+
+/// Where the agents are, from `kopt.toml` (`[agent]`) and the environment.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(default)]
+pub struct AgentConfig {
+    pub openai_base_url: String,
+    pub openai_key_env: String,
+    pub anthropic_base_url: String,
+    pub anthropic_key_env: String,
+    pub timeout_s: u64,
+    /// Dollars per million input and output tokens, by backend name (`openai:gpt-x`).
+    pub prices: BTreeMap<String, Prices>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            openai_base_url: "https://api.openai.com/v1".into(),
+            openai_key_env: "OPENAI_API_KEY".into(),
+            anthropic_base_url: "https://api.anthropic.com".into(),
+            anthropic_key_env: "ANTHROPIC_API_KEY".into(),
+            timeout_s: 300,
+            prices: BTreeMap::new(),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// `<workspace>/kopt.toml`'s `[agent]` table, then `KOPT_OPENAI_BASE_URL`,
+    /// `KOPT_ANTHROPIC_BASE_URL`, `KOPT_OPENAI_KEY_ENV`, `KOPT_ANTHROPIC_KEY_ENV`.
+    pub fn load(g: &Gathered) -> Result<Self, String> {
+        #[derive(serde::Deserialize, Default)]
+        struct File {
+            #[serde(default)]
+            agent: Option<AgentConfig>,
+        }
+        let path = g.workspace_root.join("kopt.toml");
+        let mut c = match std::fs::read_to_string(&path) {
+            Ok(t) => toml_parse::<File>(&t)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .agent
+                .unwrap_or_default(),
+            Err(_) => AgentConfig::default(),
+        };
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if let Some(v) = env("KOPT_OPENAI_BASE_URL") {
+            c.openai_base_url = v;
+        }
+        if let Some(v) = env("KOPT_ANTHROPIC_BASE_URL") {
+            c.anthropic_base_url = v;
+        }
+        if let Some(v) = env("KOPT_OPENAI_KEY_ENV") {
+            c.openai_key_env = v;
+        }
+        if let Some(v) = env("KOPT_ANTHROPIC_KEY_ENV") {
+            c.anthropic_key_env = v;
+        }
+        Ok(c)
+    }
+}
+
+fn toml_parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    toml::from_str(text).map_err(|e| e.to_string())
+}
+
+/// A backend from its spelling: `openai:MODEL`, `anthropic:MODEL`, `cmd:PATH`,
+/// `replay:PATH`.
+pub fn backend(spec: &str, cfg: &AgentConfig) -> Result<Box<dyn Backend>, String> {
+    let timeout = Duration::from_secs(cfg.timeout_s);
+    let (kind, arg) = spec.split_once(':').unwrap_or((spec, ""));
+    match (kind, arg) {
+        ("openai", m) if !m.is_empty() => Ok(Box::new(OpenAi::new(Endpoint::from_env(&cfg.openai_base_url, m, &cfg.openai_key_env, timeout)))),
+        ("anthropic", m) if !m.is_empty() => Ok(Box::new(Anthropic::new(Endpoint::from_env(&cfg.anthropic_base_url, m, &cfg.anthropic_key_env, timeout)))),
+        ("cmd", p) if !p.is_empty() => Ok(Box::new(External { program: PathBuf::from(p), timeout })),
+        ("replay", p) if !p.is_empty() => Ok(Box::new(Replay::open(std::path::Path::new(p)).map_err(|e| e.to_string())?)),
+        ("heuristic", _) => Err("the built-in heuristic agent is not built yet: use --agent openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH".into()),
+        _ => Err(format!("`{spec}` is not an agent: write openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH")),
+    }
+}
+
+/// What a run did for one kernel.
+#[derive(Debug, Serialize)]
+pub struct KernelResult {
+    pub kernel: String,
+    pub stop: Stop,
+    pub rounds: u32,
+    pub accepted: usize,
+    pub rejected: usize,
+    pub best_speedup: Option<f64>,
+    /// `package/kernel/arch` of the pending variant left for review.
+    pub pending: Option<String>,
+    /// The escalation note, relative to the run folder.
+    pub escalation: Option<String>,
+    pub tokens: u64,
+    pub dollars: f64,
+}
+
+pub struct Options {
+    pub kernels: Vec<String>,
+    pub agent: String,
+    pub reviewer: Option<String>,
+    pub budget: Budget,
+    pub hint: Option<String>,
+    pub context_tokens: usize,
+    pub settings: Settings,
+    pub run_id: Option<String>,
+}
+
+fn now_id() -> String {
+    let s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("run-{s}")
+}
+
+/// Runs the loop over the selected kernels.
+pub fn optimize(
+    g: &Gathered,
+    opts: &Options,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(String, Vec<KernelResult>), String> {
+    let cfg = AgentConfig::load(g)?;
+    let kopt = KoptDir::new(&g.target_dir);
+    let run_id = opts.run_id.clone().unwrap_or_else(now_id);
+    let (mut journal, _) = Journal::open_or_resume(&kopt, &run_id).map_err(|e| e.to_string())?;
+    let redactor = Redactor::from_env();
+    journal
+        .append(Event::RunStarted {
+            config: serde_json::json!({ "agent": opts.agent, "reviewer": opts.reviewer, "kernels": opts.kernels, "hint": opts.hint }),
+            budget: serde_json::to_value(&opts.budget).expect("serialises"),
+        })
+        .map_err(|e| e.to_string())?;
+    let mut engine = eval::engine(g, &opts.settings)?;
+    let device = engine.device().map_err(|e| e.to_string())?;
+    let ceilings = engine.ceilings(false).ok();
+    let mut results = Vec::new();
+    for k in g
+        .kernels
+        .iter()
+        .filter(|k| opts.kernels.is_empty() || opts.kernels.contains(&k.spec.name))
+    {
+        progress(&format!("{}: starting", k.spec.name));
+        let session = journal
+            .dir()
+            .join("sessions")
+            .join(format!("{}.jsonl", k.spec.name));
+        let proposer = Recorder::new(backend(&opts.agent, &cfg)?, &session, redactor.clone())
+            .map_err(|e| e.to_string())?;
+        let mut client = Client::new(Box::new(proposer));
+        client.prices = cfg.prices.get(&opts.agent).copied().unwrap_or_default();
+        let mut reviewer = match &opts.reviewer {
+            Some(r) => {
+                let rec = Recorder::new(
+                    backend(r, &cfg)?,
+                    journal
+                        .dir()
+                        .join("sessions")
+                        .join(format!("{}-reviewer.jsonl", k.spec.name)),
+                    redactor.clone(),
+                )
+                .map_err(|e| e.to_string())?;
+                let mut c = Client::new(Box::new(rec));
+                c.prices = cfg.prices.get(r).copied().unwrap_or_default();
+                Some(c)
+            }
+            None => None,
+        };
+        let task = Task {
+            spec: &k.spec,
+            reference: KernelVersion::reference(&k.spec, &k.reference.text),
+            device: format!(
+                "{} ({}, {} SMs, {} MiB L2)",
+                device.name,
+                device.arch,
+                device.multiprocessors,
+                device.l2_bytes >> 20
+            ),
+            ceilings: ceilings
+                .as_ref()
+                .map(|c| {
+                    format!(
+                        "copy {:.0} GB/s{}",
+                        c.copy_gbs,
+                        c.matmul_bf16_tflops
+                            .map(|t| format!("; bf16 matmul {t:.0} TFLOP/s"))
+                            .unwrap_or_default()
+                    )
+                })
+                .unwrap_or_else(|| "not measured".into()),
+            snapshot: None,
+            structure: kopt_store::features::structural_summary(&k.reference.text),
+            cases: vec![],
+            hint: opts.hint.clone(),
+            context_tokens: opts.context_tokens,
+        };
+        let mut evaluator = EngineEvaluator {
+            g,
+            k,
+            engine: &mut engine,
+            judge: Judge::new(ceilings.clone()),
+            settings: opts.settings.clone(),
+            last_job: None,
+        };
+        let (mut accepted, mut rejected, mut best) = (0usize, 0usize, None::<f64>);
+        let name = k.spec.name.clone();
+        let outcome = run::optimize(
+            &task,
+            &mut client,
+            reviewer.as_mut(),
+            &mut evaluator,
+            &opts.budget,
+            &Rules::default(),
+            &mut |e| {
+                match &e {
+                    run::Event::Verdict { accepted: a, .. } => {
+                        if *a {
+                            accepted += 1
+                        } else {
+                            rejected += 1
+                        }
+                    }
+                    run::Event::Improved { speedup, .. } => {
+                        best = Some(best.map_or(*speedup, |b: f64| b.max(*speedup)))
+                    }
+                    _ => {}
+                }
+                let round = match &e {
+                    run::Event::Round { round } => format!("round {round}"),
+                    run::Event::Request { purpose } => format!("asking ({purpose})"),
+                    run::Event::Candidate { id } => format!("verifying {id}"),
+                    run::Event::Verdict { id, summary, .. } => {
+                        format!("{id}: {}", summary.lines().next().unwrap_or(""))
+                    }
+                    run::Event::Improved { id, speedup } => format!("{id} improves: {speedup:.2}x"),
+                    run::Event::Reflection => "reflection turn".into(),
+                    run::Event::Review { id, objections } => {
+                        format!("{id}: {objections} objection(s)")
+                    }
+                };
+                progress(&format!(
+                    "{name}: {round} | best {} | {accepted} accepted, {rejected} rejected",
+                    best.map(|b| format!("{b:.2}x"))
+                        .unwrap_or_else(|| "–".into())
+                ));
+            },
+        );
+        let last_job = evaluator.last_job.clone();
+        // The record: every exchange, candidate and verdict.
+        for (req, reply) in &outcome.transcript {
+            let _ = journal.append(Event::Prompt {
+                kernel: name.clone(),
+                round: 0,
+                role: req.purpose.clone(),
+                text: req
+                    .messages
+                    .last()
+                    .map(|m| m.content.clone())
+                    .unwrap_or_default(),
+            });
+            let _ = journal.append(Event::Reply {
+                kernel: name.clone(),
+                round: 0,
+                role: req.purpose.clone(),
+                text: reply.clone().unwrap_or_else(|e| format!("error: {e}")),
+                tokens: None,
+            });
+        }
+        for t in &outcome.tried {
+            let mut artefacts = Vec::new();
+            if let Some(r) = &t.resolved {
+                if let Ok(a) = journal.save_artefact(&format!("{name}-{}.cu", t.id), &r.source) {
+                    artefacts.push(a);
+                }
+            }
+            let _ = journal.append(Event::Candidate {
+                kernel: name.clone(),
+                round: t.round,
+                candidate: t.id.clone(),
+                summary: t
+                    .resolved
+                    .as_ref()
+                    .map(|r| r.proposal.diagnosis.summary.clone())
+                    .unwrap_or_default(),
+                artefacts,
+            });
+            let _ = journal.append(Event::Verdict {
+                kernel: name.clone(),
+                candidate: t.id.clone(),
+                passed: t.verdict.as_ref().is_some_and(|v| v.accepted),
+                failure_class: t
+                    .verdict
+                    .as_ref()
+                    .and_then(|v| v.failures.first())
+                    .map(|f| f.fence.name().to_string())
+                    .or(t.error.as_ref().map(|_| "malformed".into())),
+                detail: t
+                    .verdict
+                    .as_ref()
+                    .map(|v| v.summary())
+                    .or(t.error.clone())
+                    .unwrap_or_default(),
+            });
+        }
+        let mut result = KernelResult {
+            kernel: name.clone(),
+            stop: outcome.stop.clone(),
+            rounds: outcome.rounds,
+            accepted,
+            rejected,
+            best_speedup: best,
+            pending: None,
+            escalation: None,
+            tokens: outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens,
+            dollars: outcome.spend.dollars,
+        };
+        if let Stop::Escalated { reason, suspicion } = &outcome.stop {
+            let note = format!(
+                "# `{name}` needs a person\n\n{reason}.\n\nWhat kopt suspects: {suspicion}\n\nThe run's journal, sessions and candidates are in this folder. Resume with guidance:\n\n    cargo kopt optimize {name} --agent {} --hint \"...\"\n",
+                opts.agent
+            );
+            result.escalation = journal
+                .save_artefact(&format!("{name}-escalation.md"), &note)
+                .ok();
+        }
+        if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
+            let pending = pending_variant(
+                k,
+                &device.arch,
+                &device.name,
+                device.driver_api,
+                ceilings.as_ref().map(|c| c.copy_gbs),
+                version,
+                resolved,
+                verdict,
+                &job,
+                &opts.agent,
+                &run_id,
+                &session,
+                &g.workspace_root,
+                &outcome,
+            )?;
+            let saved = journal
+                .save_pending(&kopt, &pending)
+                .map_err(|e| e.to_string())?;
+            let _ = saved;
+            result.pending = Some(pending.label());
+        }
+        results.push(result);
+    }
+    let _ = journal.append(Event::RunFinished {
+        summary: format!("{} kernel(s)", results.len()),
+    });
+    Ok((run_id, results))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pending_variant(
+    k: &Kernel,
+    arch: &str,
+    device_name: &str,
+    driver_api: u32,
+    copy_gbs: Option<f64>,
+    version: &KernelVersion,
+    resolved: &kopt_agent::proposal::Resolved,
+    verdict: &Verdict,
+    job: &EvalJob,
+    agent: &str,
+    run_id: &str,
+    session: &std::path::Path,
+    root: &std::path::Path,
+    outcome: &run::Outcome,
+) -> Result<PendingVariant, String> {
+    let variant_id = format!("{}-{}", run_id, version.id).replace(['/', ' '], "-");
+    let p = &resolved.proposal;
+    let session_rel = session
+        .strip_prefix(root)
+        .unwrap_or(session)
+        .display()
+        .to_string();
+    let measurements: Vec<ShapeMeasurement> = verdict
+        .shapes
+        .iter()
+        .filter(|s| !s.held_out)
+        .filter_map(|s| {
+            let case = job.shapes.iter().find(|c| c.label == s.shape)?;
+            let args = k.spec.shape_args(&kopt_spec::spec::Shape {
+                values: case.values.clone(),
+                weight: 1.0,
+            });
+            Some(ShapeMeasurement {
+                shape: case.values.clone(),
+                reference_us: s.reference_us?,
+                variant_us: s.candidate_us?,
+                ideal_bytes: Some(kopt_engine::job::shape_bytes(&k.spec, &args)),
+                registers: s.registers,
+                occupancy_pct: s.occupancy_pct,
+            })
+        })
+        .collect();
+    let mut outputs: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for s in &verdict.shapes {
+        for (b, (a, r)) in &s.outputs {
+            let e = outputs.entry(b.clone()).or_insert((0.0, 0.0));
+            e.0 = e.0.max(*a);
+            e.1 = e.1.max(*r);
+        }
+    }
+    let fences_passed = "numerics on poisoned outputs (candidate before and after the reference), unmodified inputs, held-out shapes, the re-check after timing, the roofline bound and the watchdog";
+    let e = Evidence {
+        kernel: k.spec.name.clone(),
+        variant: variant_id.clone(),
+        arch: arch.to_string(),
+        claim: None,
+        summary: p.diagnosis.summary.clone(),
+        snapshot_before: None,
+        snapshot_after: None,
+        diagnosis: files::Diagnosis {
+            bottleneck: p.diagnosis.bottleneck.clone(),
+            explanation: p.diagnosis.summary.clone(),
+            evidence: p.diagnosis.evidence.clone(),
+            confidence: None,
+        },
+        changes: p
+            .changes
+            .iter()
+            .map(|c| files::Change {
+                what: c.what.clone(),
+                why: c.why.clone(),
+            })
+            .collect(),
+        risks: p
+            .risks
+            .iter()
+            .map(|r| files::Risk {
+                risk: r.clone(),
+                covered_by: fences_passed.into(),
+            })
+            .collect(),
+        verification: NumericEvidence {
+            method: format!(
+                "kopt's evaluation engine: {fences_passed}; {} declared and {} held-out shapes.",
+                job.shapes.iter().filter(|s| !s.held_out).count(),
+                job.shapes.iter().filter(|s| s.held_out).count()
+            ),
+            outputs: k
+                .spec
+                .buffers()
+                .filter(|b| b.is_output())
+                .map(|b| {
+                    let t = b.effective_tolerance(&k.spec);
+                    let (a, r) = outputs.get(&b.name).copied().unwrap_or((0.0, 0.0));
+                    NumericResult {
+                        buffer: b.name.clone(),
+                        rtol: t.rtol,
+                        atol: t.atol,
+                        max_abs_error: a,
+                        max_rel_error: r,
+                        failing_elements: 0,
+                    }
+                })
+                .collect(),
+            seeds: verdict.seeds.clone(),
+        },
+        measurements,
+        device: evidence::Device {
+            name: device_name.to_string(),
+            driver: format!("CUDA {}.{}", driver_api / 1000, (driver_api % 1000) / 10),
+            cuda: None,
+            copy_bandwidth_gbs: copy_gbs,
+        },
+        agent: agent.to_string(),
+        date: run_id.to_string(),
+        session: Some(session_rel.clone()),
+        budget: Some(files::BudgetUsed {
+            rounds: Some(outcome.rounds),
+            candidates: Some(outcome.tried.len() as u32),
+            wall_time_s: None,
+            tokens: Some(outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens),
+            cost_usd: Some(outcome.spend.dollars),
+        }),
+    };
+    let rationale = evidence::build(&e).map_err(|e| e.to_string())?;
+    let variant = VariantFile {
+        format: files::FORMAT,
+        kernel: k.spec.name.clone(),
+        id: variant_id.clone(),
+        entry: version.entry.clone(),
+        launch: version.launch.clone(),
+        defines: version.defines.clone(),
+        options: version.options.clone(),
+    };
+    let meta = PendingMeta {
+        format: files::FORMAT,
+        package: k.package.clone(),
+        kernel: k.spec.name.clone(),
+        arch: arch.to_string(),
+        variant: variant_id,
+        region: None,
+        reference_hash: k.hashes.reference.clone(),
+        spec_hash: k.hashes.spec.clone(),
+        verified_by: VerifiedBy::Kopt,
+        created_at: run_id.to_string(),
+        run_id: run_id.to_string(),
+        session: Some(session_rel),
+        kind: None,
+        baseline: None,
+        evidence: EvidenceSummary {
+            shapes_checked: job
+                .shapes
+                .iter()
+                .filter(|s| !s.held_out)
+                .map(|s| s.label.clone())
+                .collect(),
+            held_out_shapes: job
+                .shapes
+                .iter()
+                .filter(|s| s.held_out)
+                .map(|s| s.label.clone())
+                .collect(),
+            fences: [
+                "compile",
+                "numerics",
+                "held-out",
+                "inputs-unmodified",
+                "after-timing",
+                "roofline",
+                "watchdog",
+            ]
+            .iter()
+            .map(|f| PendingFence {
+                name: f.to_string(),
+                passed: true,
+                detail: "passed".into(),
+            })
+            .collect(),
+        },
+    };
+    let p = PendingVariant {
+        meta,
+        source: version.source.clone(),
+        variant,
+        rationale,
+    };
+    p.validate().map_err(|e| e.to_string())?;
+    Ok(p)
+}
