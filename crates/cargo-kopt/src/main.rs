@@ -179,9 +179,9 @@ enum Command {
     /// winners are left as pending variants (`cargo kopt review`).
     Optimize {
         kernels: Vec<String>,
-        /// openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH (default: $KOPT_AGENT).
-        #[arg(long, env = "KOPT_AGENT")]
-        agent: Option<String>,
+        /// heuristic (no model), openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH.
+        #[arg(long, env = "KOPT_AGENT", default_value = "heuristic")]
+        agent: String,
         /// A second backend that critiques each proposal before verification.
         #[arg(long, env = "KOPT_REVIEWER")]
         reviewer: Option<String>,
@@ -501,7 +501,6 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             eval: args,
         } => {
             check_names(&gathered, &kernels)?;
-            let agent = agent.ok_or("no agent configured: pass --agent openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH, or set KOPT_AGENT (the built-in heuristic agent is not built yet)")?;
             let opts = cargo_kopt::optimize::Options {
                 kernels,
                 agent,

@@ -122,9 +122,9 @@ fn toml_parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
     toml::from_str(text).map_err(|e| e.to_string())
 }
 
-/// A backend from its spelling: `openai:MODEL`, `anthropic:MODEL`, `cmd:PATH`,
-/// `replay:PATH`.
-pub fn backend(spec: &str, cfg: &AgentConfig) -> Result<Box<dyn Backend>, String> {
+/// A backend from its spelling: `heuristic`, `openai:MODEL`, `anthropic:MODEL`,
+/// `cmd:PATH`, `replay:PATH`.
+pub fn backend(spec: &str, cfg: &AgentConfig, entry: &str) -> Result<Box<dyn Backend>, String> {
     let timeout = Duration::from_secs(cfg.timeout_s);
     let (kind, arg) = spec.split_once(':').unwrap_or((spec, ""));
     match (kind, arg) {
@@ -132,8 +132,8 @@ pub fn backend(spec: &str, cfg: &AgentConfig) -> Result<Box<dyn Backend>, String
         ("anthropic", m) if !m.is_empty() => Ok(Box::new(Anthropic::new(Endpoint::from_env(&cfg.anthropic_base_url, m, &cfg.anthropic_key_env, timeout)))),
         ("cmd", p) if !p.is_empty() => Ok(Box::new(External { program: PathBuf::from(p), timeout })),
         ("replay", p) if !p.is_empty() => Ok(Box::new(Replay::open(std::path::Path::new(p)).map_err(|e| e.to_string())?)),
-        ("heuristic", _) => Err("the built-in heuristic agent is not built yet: use --agent openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH".into()),
-        _ => Err(format!("`{spec}` is not an agent: write openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH")),
+        ("heuristic", "") => Ok(Box::new(kopt_agent::heuristic::Heuristic::new(entry))),
+        _ => Err(format!("`{spec}` is not an agent: write heuristic, openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH")),
     }
 }
 
@@ -204,14 +204,18 @@ pub fn optimize(
             .dir()
             .join("sessions")
             .join(format!("{}.jsonl", k.spec.name));
-        let proposer = Recorder::new(backend(&opts.agent, &cfg)?, &session, redactor.clone())
-            .map_err(|e| e.to_string())?;
+        let proposer = Recorder::new(
+            backend(&opts.agent, &cfg, &k.spec.entry)?,
+            &session,
+            redactor.clone(),
+        )
+        .map_err(|e| e.to_string())?;
         let mut client = Client::new(Box::new(proposer));
         client.prices = cfg.prices.get(&opts.agent).copied().unwrap_or_default();
         let mut reviewer = match &opts.reviewer {
             Some(r) => {
                 let rec = Recorder::new(
-                    backend(r, &cfg)?,
+                    backend(r, &cfg, &k.spec.entry)?,
                     journal
                         .dir()
                         .join("sessions")

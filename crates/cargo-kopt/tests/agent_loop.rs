@@ -508,7 +508,30 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
         kopt_tests::text(&o)
     );
 
-    let o = run(&["optimize", "softmax", "--agent", "heuristic"]);
+    // The default agent needs no model: the heuristic's mechanical rewrites.
+    let o = run(&[
+        "optimize",
+        "softmax",
+        "--budget",
+        "rounds=2",
+        "--run",
+        "heuristic",
+        "--message-format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["kernels"][0]["rounds"], 2, "{v}");
+    let session = std::fs::read_to_string(
+        ws.root
+            .join("target/kopt/runs/heuristic/sessions/softmax.jsonl"),
+    )
+    .unwrap();
+    assert!(
+        session.contains("__restrict__") && session.contains("__launch_bounds__(256)"),
+        "the heuristic's first step"
+    );
+    let o = run(&["optimize", "softmax", "--agent", "gpt4"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("heuristic agent is not built yet"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("`gpt4` is not an agent"));
 }

@@ -9,6 +9,7 @@
 //! - [`command`]: an external command speaking JSON on stdin/stdout;
 //! - [`session`]: recording (redacted) and offline replay;
 //! - [`context`]: context assembly from the prompt templates, within a token budget;
+//! - [`heuristic`]: the built-in agent that needs no model (mechanical rewrites);
 //! - [`proposal`]: the schema, extraction, validation against the kernel, the repair round;
 //! - [`run`]: the loop for one kernel, with its escalation rules and budgets.
 
@@ -16,6 +17,7 @@ pub mod backend;
 pub mod chat;
 pub mod command;
 pub mod context;
+pub mod heuristic;
 pub mod http;
 pub mod proposal;
 pub mod run;

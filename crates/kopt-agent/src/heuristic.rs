@@ -1,0 +1,296 @@
+//! The built-in heuristic agent: no model. It reads the same context a model reads (the
+//! current best's source, launch rule and figures) and proposes safe mechanical rewrites,
+//! one step a round, each with its rationale:
+//!
+//! 1. `__restrict__` on the entry's pointer parameters (kopt's buffers never alias one
+//!    another) and `__launch_bounds__(N)` when the block size is a constant;
+//! 2. `#pragma unroll 4` on the entry function's loops that have no pragma;
+//! 3. `#pragma unroll 8` instead.
+//!
+//! A rewrite that does not apply (nothing to change) is skipped. Vectorising loads is not
+//! among them (it needs alignment facts this agent cannot check in the source).
+
+use crate::backend::{Backend, BackendError};
+use crate::chat::{ChatRequest, ChatResponse, Usage};
+use crate::context::entry_region;
+
+pub struct Heuristic {
+    entry: String,
+    step: usize,
+}
+
+impl Heuristic {
+    pub fn new(entry: &str) -> Self {
+        Heuristic {
+            entry: entry.to_string(),
+            step: 0,
+        }
+    }
+}
+
+/// The text of the fenced block after `heading` in a prompt.
+fn section<'a>(prompt: &'a str, heading: &str) -> Option<&'a str> {
+    let at = prompt.find(heading)?;
+    let rest = &prompt[at + heading.len()..];
+    let end = rest.find("\n## ").unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+fn code_block(text: &str) -> Option<String> {
+    let start = text.find("```cuda\n")? + 8;
+    let end = start + text[start..].find("\n```")?;
+    Some(text[start..end].to_string() + "\n")
+}
+
+/// Adds `__restrict__` to the pointer parameters of `entry`.
+pub fn add_restrict(source: &str, entry: &str) -> Option<String> {
+    let at = source.find(&format!("{entry}("))? + entry.len() + 1;
+    let close = at + source[at..].find(')')?;
+    let params = &source[at..close];
+    let mut changed = false;
+    let rewritten: Vec<String> = params
+        .split(',')
+        .map(|p| {
+            if p.contains('*') && !p.contains("__restrict__") {
+                let star = p.rfind('*').expect("contains a star");
+                changed = true;
+                format!("{} __restrict__{}", &p[..=star], &p[star + 1..])
+            } else {
+                p.to_string()
+            }
+        })
+        .collect();
+    changed.then(|| {
+        format!(
+            "{}{}{}",
+            &source[..at],
+            rewritten.join(","),
+            &source[close..]
+        )
+    })
+}
+
+/// Adds `__launch_bounds__(threads)` after `__global__` on the entry's definition.
+pub fn add_launch_bounds(source: &str, entry: &str, threads: u32) -> Option<String> {
+    let at = source.find(&format!("{entry}("))?;
+    let g = source[..at].rfind("__global__")?;
+    if source[g..at].contains("__launch_bounds__") {
+        return None;
+    }
+    let after = g + "__global__".len();
+    Some(format!(
+        "{} __launch_bounds__({threads}){}",
+        &source[..after],
+        &source[after..]
+    ))
+}
+
+/// `#pragma unroll N` before each `for` of the entry function without a pragma.
+pub fn unroll_loops(source: &str, entry: &str, factor: u32) -> Option<String> {
+    let region = entry_region(source, entry)?;
+    let start = source.find(&region)?;
+    let mut out = String::new();
+    let mut changed = false;
+    let mut previous = "";
+    for line in region.split_inclusive('\n') {
+        let t = line.trim_start();
+        if t.starts_with("for (") || t.starts_with("for(") {
+            if previous.trim_start().starts_with("#pragma unroll") {
+                if !previous.contains(&format!("unroll {factor}")) {
+                    // Replace the previous factor: drop the pragma line already written.
+                    let cut = out.trim_end_matches(previous).len();
+                    out.truncate(cut);
+                    let indent = &line[..line.len() - t.len()];
+                    out.push_str(&format!("{indent}#pragma unroll {factor}\n"));
+                    changed = true;
+                }
+            } else {
+                let indent = &line[..line.len() - t.len()];
+                out.push_str(&format!("{indent}#pragma unroll {factor}\n"));
+                changed = true;
+            }
+        }
+        out.push_str(line);
+        previous = line;
+    }
+    changed.then(|| {
+        format!(
+            "{}{}{}",
+            &source[..start],
+            out,
+            &source[start + region.len()..]
+        )
+    })
+}
+
+/// The constant block size of a launch rule text `256, 1, 1`, if it is constant.
+fn constant_threads(prompt: &str) -> Option<u32> {
+    let at = prompt.find("block (")? + 7;
+    let end = at + prompt[at..].find(')')?;
+    prompt[at..end]
+        .split(',')
+        .map(|d| d.trim().parse::<u32>().ok())
+        .try_fold(1u32, |acc, d| d.map(|d| acc * d))
+}
+
+impl Backend for Heuristic {
+    fn name(&self) -> String {
+        "heuristic".into()
+    }
+
+    fn complete(&mut self, req: &ChatRequest) -> Result<ChatResponse, BackendError> {
+        let prompt = req
+            .messages
+            .first()
+            .map(|m| m.content.as_str())
+            .unwrap_or("");
+        let source = section(prompt, "## Source of the current best")
+            .and_then(code_block)
+            .ok_or_else(|| {
+                BackendError::Fatal("the heuristic agent found no source in the context".into())
+            })?;
+        let evidence: Vec<String> = section(prompt, "## Current figures")
+            .map(|s| {
+                s.lines()
+                    .filter_map(|l| l.strip_prefix("- "))
+                    .map(String::from)
+                    .collect()
+            })
+            .filter(|v: &Vec<String>| !v.is_empty())
+            .unwrap_or_else(|| {
+                vec!["no figures yet: a mechanical rewrite that cannot change results".into()]
+            });
+        loop {
+            self.step += 1;
+            let (candidate, changes, expected): (Option<String>, Vec<(&str, &str)>, &str) =
+                match self.step {
+                    1 => {
+                        let mut s = add_restrict(&source, &self.entry);
+                        let mut changes = vec![];
+                        if s.is_some() {
+                            changes.push(("`__restrict__` on the pointer parameters", "the compiler may keep loaded values in registers and use the read-only path, since kopt's buffers never alias"));
+                        }
+                        if let Some(t) = constant_threads(prompt) {
+                            if let Some(b) =
+                                add_launch_bounds(s.as_deref().unwrap_or(&source), &self.entry, t)
+                            {
+                                s = Some(b);
+                                changes.push(("`__launch_bounds__` with the launch's block size", "the register allocator plans for the block size actually launched, which can raise occupancy"));
+                            }
+                        }
+                        (
+                            s,
+                            changes,
+                            "fewer instructions per load; occupancy unchanged or higher",
+                        )
+                    }
+                    2 => (
+                        unroll_loops(&source, &self.entry, 4),
+                        vec![(
+                            "`#pragma unroll 4` on the entry's loops",
+                            "more independent loads in flight per thread hide memory latency",
+                        )],
+                        "more bytes in flight; the same results",
+                    ),
+                    3 => (
+                        unroll_loops(&source, &self.entry, 8),
+                        vec![(
+                            "`#pragma unroll 8` on the entry's loops",
+                            "a deeper unroll for loops with long trip counts",
+                        )],
+                        "more bytes in flight; register use may rise",
+                    ),
+                    _ => {
+                        return Err(BackendError::Fatal(
+                            "the heuristic agent has no further rewrite to propose".into(),
+                        ))
+                    }
+                };
+            let Some(candidate) = candidate else { continue };
+            let proposal = serde_json::json!({ "proposals": [{
+                "diagnosis": {
+                    "bottleneck": "unknown (no model: mechanical rewrites)",
+                    "summary": format!("Heuristic step {}: {}", self.step, changes.iter().map(|c| c.0).collect::<Vec<_>>().join(" and ")),
+                    "evidence": evidence,
+                },
+                "changes": changes.iter().map(|(w, y)| serde_json::json!({ "what": w, "why": y })).collect::<Vec<_>>(),
+                "risks": ["a different register allocation could spill; the watchdog and the figures cover it"],
+                "expected": [{ "metric": "time", "change": expected }],
+                "candidate": { "source": candidate },
+            }]});
+            return Ok(ChatResponse {
+                text: proposal.to_string(),
+                usage: Usage::default(),
+                model: "heuristic".into(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: &str = "extern \"C\" __global__ void k(const float* x, float *y, unsigned int n) {\n    for (unsigned i = threadIdx.x; i < n; i += blockDim.x) {\n        y[i] = x[i];\n    }\n}\n";
+
+    #[test]
+    fn rewrites() {
+        let r = add_restrict(K, "k").unwrap();
+        assert!(
+            r.contains("const float* __restrict__ x, float * __restrict__y"),
+            "{r}"
+        );
+        assert!(add_restrict(&r, "k").is_none(), "idempotent");
+        let b = add_launch_bounds(&r, "k", 256).unwrap();
+        assert!(b.contains("__global__ __launch_bounds__(256) void k("));
+        assert!(add_launch_bounds(&b, "k", 256).is_none());
+        let u = unroll_loops(K, "k", 4).unwrap();
+        assert!(
+            u.contains("    #pragma unroll 4\n    for (unsigned i"),
+            "{u}"
+        );
+        let u8 = unroll_loops(&u, "k", 8).unwrap();
+        assert!(
+            u8.contains("#pragma unroll 8\n    for") && !u8.contains("unroll 4"),
+            "{u8}"
+        );
+        assert!(unroll_loops(&u8, "k", 8).is_none());
+    }
+
+    #[test]
+    fn reads_the_context_and_proposes_step_by_step() {
+        let prompt = format!("## Summary\n- launch rule of the current best: grid (n, 1, 1), block (256, 1, 1), dynamic shared memory 0 bytes\n\n## Current figures\n- n=1024: 3.2 µs\n\n## Source of the current best\n\n```cuda\n{K}```\n");
+        let req = ChatRequest {
+            purpose: "propose".into(),
+            system: String::new(),
+            messages: vec![crate::chat::Message::user(prompt)],
+            max_tokens: 1,
+            temperature: 0.0,
+        };
+        let mut h = Heuristic::new("k");
+        let spec_item = kopt_spec::spec::parse_item(
+            "fn k(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        let spec = kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", x: [n], y: [n], grid = n, block = 256, shapes = [{ n: 1024 }]"
+                .parse()
+                .unwrap(),
+            &spec_item,
+        )
+        .unwrap()
+        .0;
+        let first = crate::proposal::parse(&h.complete(&req).unwrap().text, &spec, K).unwrap();
+        assert!(
+            first[0].source.contains("__launch_bounds__(256)")
+                && first[0].source.contains("__restrict__")
+        );
+        assert_eq!(first[0].proposal.diagnosis.evidence, vec!["n=1024: 3.2 µs"]);
+        let second = crate::proposal::parse(&h.complete(&req).unwrap().text, &spec, K).unwrap();
+        assert!(second[0].source.contains("#pragma unroll 4"));
+        h.complete(&req).unwrap();
+        assert!(h.complete(&req).is_err(), "no fourth step");
+    }
+}
