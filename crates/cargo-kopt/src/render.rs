@@ -269,6 +269,7 @@ pub fn optimize(run_id: &str, results: &[crate::optimize::KernelResult]) {
                 (format!("escalated: {reason}"), style(AnsiColor::Yellow))
             }
             Stop::Backend { error } => (format!("agent failed: {error}"), style(AnsiColor::Red)),
+            Stop::AgentDone { .. } => ("agent has no more proposals".to_string(), Style::new()),
         };
         t.row(vec![
             (r.kernel.clone(), Style::new().bold()),

@@ -23,6 +23,9 @@ pub enum BackendError {
     /// The endpoint answered something that is not a chat completion.
     #[error("unexpected answer from the endpoint: {0}")]
     Malformed(String),
+    /// The agent has nothing more to propose (the heuristic agent's last rewrite is done).
+    #[error("{0}")]
+    Exhausted(String),
 }
 
 impl BackendError {

@@ -4,7 +4,7 @@
 //!
 //! 1. `__restrict__` on the entry's pointer parameters (kopt's buffers never alias one
 //!    another) and `__launch_bounds__(N)` when the block size is a constant;
-//! 2. `#pragma unroll 4` on the entry function's loops that have no pragma;
+//! 2. `#pragma unroll 4` on the source's loops that have no pragma;
 //! 3. `#pragma unroll 8` instead.
 //!
 //! A rewrite that does not apply (nothing to change) is skipped. Vectorising loads is not
@@ -12,7 +12,6 @@
 
 use crate::backend::{Backend, BackendError};
 use crate::chat::{ChatRequest, ChatResponse, Usage};
-use crate::context::entry_region;
 
 pub struct Heuristic {
     entry: String,
@@ -85,10 +84,11 @@ pub fn add_launch_bounds(source: &str, entry: &str, threads: u32) -> Option<Stri
     ))
 }
 
-/// `#pragma unroll N` before each `for` of the entry function without a pragma.
-pub fn unroll_loops(source: &str, entry: &str, factor: u32) -> Option<String> {
-    let region = entry_region(source, entry)?;
-    let start = source.find(&region)?;
+/// `#pragma unroll N` before each `for` of the source without that pragma (the entry and
+/// the device functions it calls; unrolling never changes results).
+pub fn unroll_loops(source: &str, _entry: &str, factor: u32) -> Option<String> {
+    let region = source.to_string();
+    let start = 0;
     let mut out = String::new();
     let mut changed = false;
     let mut previous = "";
@@ -187,7 +187,7 @@ impl Backend for Heuristic {
                     2 => (
                         unroll_loops(&source, &self.entry, 4),
                         vec![(
-                            "`#pragma unroll 4` on the entry's loops",
+                            "`#pragma unroll 4` on the loops",
                             "more independent loads in flight per thread hide memory latency",
                         )],
                         "more bytes in flight; the same results",
@@ -195,13 +195,13 @@ impl Backend for Heuristic {
                     3 => (
                         unroll_loops(&source, &self.entry, 8),
                         vec![(
-                            "`#pragma unroll 8` on the entry's loops",
+                            "`#pragma unroll 8` on the loops",
                             "a deeper unroll for loops with long trip counts",
                         )],
                         "more bytes in flight; register use may rise",
                     ),
                     _ => {
-                        return Err(BackendError::Fatal(
+                        return Err(BackendError::Exhausted(
                             "the heuristic agent has no further rewrite to propose".into(),
                         ))
                     }
@@ -291,6 +291,9 @@ mod tests {
         let second = crate::proposal::parse(&h.complete(&req).unwrap().text, &spec, K).unwrap();
         assert!(second[0].source.contains("#pragma unroll 4"));
         h.complete(&req).unwrap();
-        assert!(h.complete(&req).is_err(), "no fourth step");
+        assert!(
+            matches!(h.complete(&req), Err(BackendError::Exhausted(_))),
+            "no fourth step"
+        );
     }
 }

@@ -107,6 +107,10 @@ pub enum Stop {
     Backend {
         error: String,
     },
+    /// The agent had nothing more to propose.
+    AgentDone {
+        reason: String,
+    },
 }
 
 /// One candidate and what became of it.
@@ -371,6 +375,10 @@ pub fn optimize(
         }
         let text = match ask(client, req.clone(), &mut out.transcript, on) {
             Ok(t) => t,
+            Err(BackendError::Exhausted(reason)) => {
+                out.stop = Stop::AgentDone { reason };
+                break;
+            }
             Err(e) => {
                 out.stop = Stop::Backend {
                     error: e.to_string(),
