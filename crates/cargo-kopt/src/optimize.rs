@@ -85,22 +85,34 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
-    /// `<workspace>/kopt.toml`'s `[agent]` table, then `KOPT_OPENAI_BASE_URL`,
-    /// `KOPT_ANTHROPIC_BASE_URL`, `KOPT_OPENAI_KEY_ENV`, `KOPT_ANTHROPIC_KEY_ENV`.
+    /// The user's `$XDG_CONFIG_HOME/kopt/config.toml` (or `~/.config/kopt/config.toml`),
+    /// then the workspace's `kopt.toml`, each an `[agent]` table whose keys override the
+    /// previous ones; then `KOPT_OPENAI_BASE_URL`, `KOPT_ANTHROPIC_BASE_URL`,
+    /// `KOPT_OPENAI_KEY_ENV` and `KOPT_ANTHROPIC_KEY_ENV`.
     pub fn load(g: &Gathered) -> Result<Self, String> {
-        #[derive(serde::Deserialize, Default)]
-        struct File {
-            #[serde(default)]
-            agent: Option<AgentConfig>,
+        let user = std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+            .map(|d| d.join("kopt").join("config.toml"));
+        let mut merged = toml::Table::new();
+        for path in user
+            .into_iter()
+            .chain(std::iter::once(g.workspace_root.join("kopt.toml")))
+        {
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let table: toml::Table =
+                toml_parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            if let Some(toml::Value::Table(agent)) = table.get("agent") {
+                for (k, v) in agent {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
         }
-        let path = g.workspace_root.join("kopt.toml");
-        let mut c = match std::fs::read_to_string(&path) {
-            Ok(t) => toml_parse::<File>(&t)
-                .map_err(|e| format!("{}: {e}", path.display()))?
-                .agent
-                .unwrap_or_default(),
-            Err(_) => AgentConfig::default(),
-        };
+        let mut c: AgentConfig = toml::Value::Table(merged)
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("the [agent] configuration: {e}"))?;
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         if let Some(v) = env("KOPT_OPENAI_BASE_URL") {
             c.openai_base_url = v;
@@ -193,6 +205,12 @@ pub fn optimize(
     let mut engine = eval::engine(g, &opts.settings)?;
     let device = engine.device().map_err(|e| e.to_string())?;
     let ceilings = engine.ceilings(false).ok();
+    // The case library, when there is one: similar cases for the context, and every
+    // candidate's outcome recorded (rejected and failed ones as negative cases).
+    let mut library = kopt_store::cases::library_path(None)
+        .ok()
+        .filter(|p| p.exists())
+        .and_then(|p| kopt_store::cases::CaseLibrary::open(&p).ok());
     let mut results = Vec::new();
     for k in g
         .kernels
@@ -253,7 +271,7 @@ pub fn optimize(
                 .unwrap_or_else(|| "not measured".into()),
             snapshot: None,
             structure: kopt_store::features::structural_summary(&k.reference.text),
-            cases: vec![],
+            cases: similar_cases(library.as_ref(), &k.spec.name, &k.reference.text),
             hint: opts.hint.clone(),
             context_tokens: opts.context_tokens,
         };
@@ -364,6 +382,13 @@ pub fn optimize(
                     .or(t.error.clone())
                     .unwrap_or_default(),
             });
+        }
+        if let Some(lib) = library.as_mut() {
+            for t in &outcome.tried {
+                if let (Some(r), Some(v)) = (&t.resolved, &t.verdict) {
+                    let _ = lib.upsert(&tried_case(k, &run_id, &device.arch, t, r, v));
+                }
+            }
         }
         let mut result = KernelResult {
             kernel: name.clone(),
@@ -607,4 +632,146 @@ fn pending_variant(
     };
     p.validate().map_err(|e| e.to_string())?;
     Ok(p)
+}
+
+/// Up to five similar past cases, by structure and identifiers (no metric vector until a
+/// snapshot is taken).
+fn similar_cases(
+    lib: Option<&kopt_store::cases::CaseLibrary>,
+    kernel: &str,
+    source: &str,
+) -> Vec<kopt_agent::context::CaseLine> {
+    let Some(lib) = lib else { return vec![] };
+    let q = kopt_store::cases::Query {
+        kind: Some(kopt_store::features::infer_kind(kernel, source).to_string()),
+        metrics: BTreeMap::new(),
+        text: format!(
+            "{} {}",
+            kopt_store::features::structural_summary(source),
+            kopt_store::features::source_tokens(source)
+        ),
+        weights: Default::default(),
+    };
+    lib.search(&q, 5)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|n| kopt_agent::context::CaseLine {
+            title: n.case.id.clone(),
+            outcome: match (n.case.outcome.status, n.case.outcome.speedup) {
+                (kopt_store::cases::Status::Accepted, Some(s)) => format!("accepted, {s:.2}x"),
+                (st, _) => format!(
+                    "{}{}",
+                    st.as_str(),
+                    n.case
+                        .outcome
+                        .failure_class
+                        .as_ref()
+                        .map(|f| format!(" ({f})"))
+                        .unwrap_or_default()
+                ),
+            },
+            diagnosis: format!(
+                "{}: {}",
+                n.case.diagnosis.bottleneck, n.case.diagnosis.explanation
+            ),
+            change: n.case.change.clone(),
+            similarity: n.score,
+        })
+        .collect()
+}
+
+/// A candidate of the loop as a case: accepted ones with their speedup, the others as
+/// negative cases with the fence that stopped them.
+fn tried_case(
+    k: &Kernel,
+    run_id: &str,
+    arch: &str,
+    t: &run::Tried,
+    r: &kopt_agent::proposal::Resolved,
+    v: &Verdict,
+) -> kopt_store::cases::Case {
+    use kopt_store::cases::{Case, CaseDiagnosis, Features, Origin, Outcome, Status};
+    let speedups: Vec<f64> = v.shapes.iter().filter_map(|s| s.speedup).collect();
+    let geo = (!speedups.is_empty())
+        .then(|| (speedups.iter().map(|x| x.ln()).sum::<f64>() / speedups.len() as f64).exp());
+    let failure = v.failures.first().map(|f| f.fence.name().to_string());
+    Case {
+        id: format!("{}/{}/{}-{}@{arch}", k.package, k.spec.name, run_id, t.id),
+        kind: kopt_store::features::infer_kind(&k.spec.name, &r.source).to_string(),
+        features: Features {
+            metrics: BTreeMap::new(),
+            structure: kopt_store::features::structural_summary(&k.reference.text),
+            source_tokens: kopt_store::features::source_tokens(&r.source),
+        },
+        diagnosis: CaseDiagnosis {
+            bottleneck: r.proposal.diagnosis.bottleneck.clone(),
+            explanation: r.proposal.diagnosis.summary.clone(),
+        },
+        change: r
+            .proposal
+            .changes
+            .iter()
+            .map(|c| format!("{}: {}", c.what, c.why))
+            .collect::<Vec<_>>()
+            .join("; "),
+        outcome: Outcome {
+            speedup: geo,
+            status: match (&failure, v.accepted) {
+                (None, true) => Status::Accepted,
+                (Some(f), _) if f == "compile" || f == "fault" || f == "hang" || f == "crash" => {
+                    Status::Failed
+                }
+                _ => Status::Rejected,
+            },
+            failure_class: failure,
+        },
+        origin: Origin {
+            repo: None,
+            krate: Some(k.package.clone()),
+            kernel: k.spec.name.clone(),
+            variant: Some(format!("{run_id}-{}", t.id)),
+            arch: Some(arch.to_string()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_configuration_layers_user_then_workspace_then_environment() {
+        let d = tempfile::tempdir().unwrap();
+        let user = d.path().join("config");
+        std::fs::create_dir_all(user.join("kopt")).unwrap();
+        std::fs::write(user.join("kopt/config.toml"), "[agent]\nopenai_base_url = \"http://user:1/v1\"\nanthropic_key_env = \"MY_ANTHROPIC\"\ntimeout_s = 7\n").unwrap();
+        let ws = d.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join("kopt.toml"), "[agent]\nopenai_base_url = \"http://workspace:2/v1\"\n[agent.prices.\"openai:m\"]\ninput_per_mtok = 1.5\noutput_per_mtok = 6.0\n").unwrap();
+        std::env::set_var("XDG_CONFIG_HOME", &user);
+        let g = Gathered {
+            workspace_root: ws.clone(),
+            ..Gathered::default()
+        };
+        let c = AgentConfig::load(&g).unwrap();
+        assert_eq!(
+            c.openai_base_url, "http://workspace:2/v1",
+            "the workspace overrides the user"
+        );
+        assert_eq!(
+            c.anthropic_key_env, "MY_ANTHROPIC",
+            "the user's keys stay where the workspace says nothing"
+        );
+        assert_eq!(c.timeout_s, 7);
+        assert_eq!(c.prices["openai:m"].output_per_mtok, 6.0);
+        assert_eq!(
+            c.anthropic_base_url, "https://api.anthropic.com",
+            "defaults fill the rest"
+        );
+        std::fs::write(ws.join("kopt.toml"), "[agent]\ntimeout_s = \"soon\"\n").unwrap();
+        assert!(AgentConfig::load(&g)
+            .unwrap_err()
+            .contains("the [agent] configuration"));
+        std::env::remove_var("XDG_CONFIG_HOME");
+    }
 }

@@ -473,6 +473,13 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
             .output()
             .unwrap()
     };
+    // A case library holding the example's committed variant.
+    let o = run(&["cases", "import", &ws.krate.display().to_string()]);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("1 added"),
+        "{}",
+        kopt_tests::text(&o)
+    );
     let agent = format!("cmd:{}", script.display());
     let o = run(&[
         "optimize",
@@ -500,6 +507,24 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
             .unwrap()
             .contains("\"purpose\":\"propose\""),
         "the recorded session"
+    );
+    let session = std::fs::read_to_string(runs.join("sessions/softmax.jsonl")).unwrap();
+    assert!(
+        session.contains("online-vec4@sm_90 (accepted"),
+        "similar cases reach the context: {}",
+        session
+            .split("Similar past cases")
+            .nth(1)
+            .unwrap_or("(no such section)")
+            .chars()
+            .take(400)
+            .collect::<String>()
+    );
+    let o = run(&["cases", "list", "--message-format", "json"]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("e2e-r1c1"),
+        "the loop's candidate is a case now: {}",
+        kopt_tests::text(&o)
     );
     let o = run(&["pending", "--message-format", "json"]);
     assert!(
