@@ -17,7 +17,7 @@
 //! | --- | --- | --- |
 //! | `launch-bound` | `ramp(launch_overhead_pct, 20, 60)`, `launch_overhead_pct = 100 · 1.24 µs / time` | a launch of a few µs is mostly launch cost |
 //! | `compute-bound` | `ramp(max(SM %, issue %), 50, 80)`; without ncu `ramp(FLOP %, 50, 80)` | an SM pipe or the issue slots are near their peak |
-//! | `memory-bound` | the highest of: **roof** `ramp(bw, 40, 75)`; **waiting** `long-scoreboard share · ramp(achieved occupancy, 25, 50) · ramp(bw, 10, 25)`; **L1** `ramp(L1 %, 50, 80) · (1 − ramp(shared excess wavefronts, 0.5, 2))` | bandwidth near the roof, or a full GPU whose warps wait on memory that moves a real share of the roof |
+//! | `memory-bound` | the highest of: **roof** `ramp(bw, 40, 75)`; **waiting** `long-scoreboard share · ramp(achieved occupancy, 25, 50) · ramp(bw, 10, 25)`; **L1** `ramp(L1 %, 50, 80) · (1 − ramp(shared excess wavefronts, 0.5, 2))`; without ncu, **little arithmetic** `0.6 · ramp(copy %, 10, 40) · (1 − ramp(FLOP %, 10, 50))` | bandwidth near the roof, or a full GPU whose warps wait on memory that moves a real share of the roof |
 //! | `latency-bound` | the highest of: **parallelism** `ramp(theoretical − achieved occupancy, 10, 40)` (without ncu `ramp(1 − waves, 0.2, 0.8)`); **dependencies** `latency share · (1 − ramp(max(DRAM, L2, SM, issue, copy %), 20, 50))` | too few warps to hide latency, or nothing busy while warps wait |
 //! | `occupancy-limited` | `ramp(60 − theoretical occupancy, 0, 30) · ramp(latency share, 30, 60)` (without ncu `· (1 − ramp(bw, 40, 75))`) | registers, shared memory or block size cap the warps, and the kernel needs them to hide latency |
 //! | `shared-memory-bank-bound` | `ramp(shared excess wavefronts, 0.5, 2) · max(ramp(short scoreboard + MIO throttle share, 10, 40), ramp(L1 %, 40, 70))` | bank conflicts multiply shared-memory wavefronts and warps wait on them |
@@ -157,16 +157,17 @@ fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
-/// A number for people: up to 4 significant digits, thousands unseparated.
+/// A number for people: integers as they are, else two decimals (one from 100 up, more
+/// below 0.01).
 pub fn fmt_num(x: f64) -> String {
     if x == x.trunc() && x.abs() < 1e15 {
         format!("{x:.0}")
     } else if x.abs() >= 100.0 {
         format!("{x:.1}")
-    } else if x.abs() >= 1.0 {
+    } else if x.abs() >= 0.01 {
         format!("{x:.2}")
     } else {
-        format!("{x:.3}")
+        format!("{x:.4}")
     }
 }
 
@@ -312,6 +313,20 @@ pub fn classify(m: &Measurements) -> Option<Classification> {
                 "stall_long_scoreboard_pct/100 * ramp(occupancy_achieved_pct, 25, 50) * ramp(bw, 10, 25)".into(),
                 ev,
             ));
+        }
+        if !has_ncu {
+            // Without counters: little arithmetic per byte and a real share of the roof.
+            if let (Some(copy), Some(flops)) = (c.get("copy_bw_pct"), c.get("flops_pct")) {
+                parts.push(part(
+                    "below the bandwidth roof, little arithmetic (no counters to say why)",
+                    0.6 * ramp(copy, 10.0, 40.0) * (1.0 - ramp(flops, 10.0, 50.0)),
+                    "0.6 * ramp(copy_bw_pct, 10, 40) * (1 - ramp(flops_pct, 10, 50))".into(),
+                    c.evs(&[
+                        ("copy_bw_pct", "ramp 10..40"),
+                        ("flops_pct", "1 - ramp 10..50"),
+                    ]),
+                ));
+            }
         }
         if let Some(l1) = c.get("l1_pct") {
             let bank = c.get("shared_excess_wavefronts").unwrap_or(0.0);
@@ -514,6 +529,11 @@ fn qualifier(class: &str, part: Option<&Part>, c: &Ctx) -> String {
                 .unwrap_or_default()
         ),
         ("memory-bound", "L1 throughput") => format!("L1 at {}", pct("l1_pct").unwrap_or_default()),
+        ("memory-bound", _) => format!(
+            "below the bandwidth roof at {} of copy bandwidth, {} of the FLOP peak; without ncu the reason is not measured",
+            pct("copy_bw_pct").unwrap_or_default(),
+            c.get("flops_pct").map(|f| format!("{f:.1}%")).unwrap_or_default()
+        ),
         ("latency-bound", "too little parallelism") => {
             let mut s = "too little parallelism".to_string();
             if let Some(w) = c.get("waves") {
@@ -715,7 +735,7 @@ pub fn findings(m: &Measurements) -> Vec<Finding> {
         (Some(t), Some(a)) => Some(ramp(t - a, 10.0, 40.0)),
         _ => c.get("waves").map(|w| ramp(1.0 - w, 0.2, 0.8)),
     };
-    if let Some(p) = par.filter(|p| *p > 0.0) {
+    if let Some(p) = par.filter(|p| *p >= 0.25) {
         let mut claim = "too little parallelism".to_string();
         if let (Some(b), Some(w)) = (c.get("blocks"), c.get("waves")) {
             claim.push_str(&format!(": {b:.0} blocks fill {:.2} waves of the GPU", w));

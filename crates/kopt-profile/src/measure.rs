@@ -276,7 +276,7 @@ pub fn collect(i: Inputs) -> Measurements {
                 "copy_bw_pct",
                 p,
                 Source::Engine,
-                "copy_bandwidth_pct = bytes / timing.median_us / ceilings.copy_gbs",
+                "copy_bandwidth_pct (ideal bytes / median time, over the measured copy bandwidth)",
             );
         }
         if let Some(p) = e.flops_pct {
@@ -285,7 +285,7 @@ pub fn collect(i: Inputs) -> Measurements {
                 "flops_pct",
                 p,
                 Source::Engine,
-                "flops_pct = flops / timing.median_us / ceilings.matmul peak",
+                "flops_pct (declared FLOPs / median time, over the measured matrix peak)",
             );
         }
     }
@@ -494,7 +494,7 @@ pub fn collect(i: Inputs) -> Measurements {
                 o.percent(),
                 Source::Engine,
                 format!(
-                    "occupancy: {} warps of {} per SM ({} blocks)",
+                    "occupancy ({} of {} warps per SM, {} blocks, from the driver)",
                     o.warps_per_sm, o.max_warps_per_sm, o.blocks_per_sm
                 ),
             );
@@ -505,7 +505,7 @@ pub fn collect(i: Inputs) -> Measurements {
                 "waves",
                 w,
                 Source::Engine,
-                "grid blocks / (occupancy.blocks_per_sm * device.multiprocessors)",
+                "waves (grid blocks / (blocks per SM * SMs))",
             );
         }
         if let Some(g) = e.geometry {
@@ -514,14 +514,14 @@ pub fn collect(i: Inputs) -> Measurements {
                 "blocks",
                 g.grid.iter().map(|d| *d as f64).product(),
                 Source::Engine,
-                "geometry.grid",
+                "geometry.grid (blocks)",
             );
             put(
                 &mut m,
                 "block_threads",
                 g.block.iter().map(|d| *d as f64).product(),
                 Source::Engine,
-                "geometry.block",
+                "geometry.block (threads)",
             );
         }
         if let Some(a) = e.attributes {

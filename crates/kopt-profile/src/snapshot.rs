@@ -177,16 +177,15 @@ pub fn build(c: Collected) -> Snapshot {
         cases: vec![],
         note: match &cl.runner_up {
             Some(r) => format!(
-                "no case library: the rules' margin, {} {} over {} {}",
+                "no case library: the rules' margin, {} {:.2} over {} {:.2}",
                 cl.class,
-                fmt_num(cl.score),
+                cl.score,
                 r,
-                fmt_num(cl.scores.get(1).map_or(0.0, |s| s.score))
+                cl.scores.get(1).map_or(0.0, |s| s.score)
             ),
             None => format!(
-                "no case library: the rules' margin, {} {} and no other class above 0",
-                cl.class,
-                fmt_num(cl.score)
+                "no case library: the rules' margin, {} {:.2} and no other class above 0",
+                cl.class, cl.score
             ),
         },
     });
@@ -262,10 +261,10 @@ impl Snapshot {
             score: c.score,
             source: "case-library".into(),
             note: format!(
-                "similarity to the nearest accepted past case diagnosed {} in {} (rules' margin {})",
+                "similarity to the nearest accepted past case diagnosed {} in {} (rules' margin {:.2})",
                 cl.class,
                 lib.path(),
-                fmt_num(cl.margin)
+                cl.margin
             ),
             cases: c.cases,
         });
@@ -307,14 +306,14 @@ impl Snapshot {
                     format!("case library: {}", conf.cases.join(", "))
                 } else {
                     format!(
-                        "rules' margin: {} {}{}",
+                        "rules' margin: {} {:.2}{}",
                         c.class,
-                        fmt_num(c.score),
+                        c.score,
                         c.runner_up
                             .as_ref()
                             .map(|r| format!(
-                                " vs {r} {}",
-                                fmt_num(c.scores.get(1).map_or(0.0, |s| s.score))
+                                " vs {r} {:.2}",
+                                c.scores.get(1).map_or(0.0, |s| s.score)
                             ))
                             .unwrap_or_default()
                     )
