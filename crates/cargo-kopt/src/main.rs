@@ -195,8 +195,8 @@ enum Command {
         /// /opt/nvidia/nsight-compute/*/).
         #[arg(long, value_name = "PATH", env = "KOPT_NCU")]
         ncu: Option<PathBuf>,
-        /// Do not run Nsight Compute.
-        #[arg(long, conflicts_with = "ncu")]
+        /// Do not run Nsight Compute (wins over --ncu and KOPT_NCU).
+        #[arg(long)]
         no_ncu: bool,
         /// Seconds an ncu run may take before it is stopped.
         #[arg(long, default_value_t = 600, value_name = "SECONDS")]

@@ -689,6 +689,11 @@ pub fn findings(m: &Measurements) -> Vec<Finding> {
                 s,
                 s * 32.0
             ));
+            if s >= 3.9 {
+                claim.push_str(": whole lines, so the cost is more requests and fewer bytes in flight per thread, not wasted bytes");
+            } else if s <= 2.5 {
+                claim.push_str(": part of a 128-byte line each");
+            }
         }
         let memoryish = bw.is_some_and(|b| b < 75.0);
         add(

@@ -367,6 +367,10 @@ impl Snapshot {
         }
         if let Some(s) = &self.structure {
             out.push(format!("source: {}", s.summary));
+            if self.classification.is_none() {
+                // Without measurements the source is most of what there is to show.
+                out.extend(s.render().lines().map(|l| format!("  {l}")));
+            }
         }
         for code in [&self.sass, &self.ptx].into_iter().flatten() {
             out.push(format!("{}: {}", code.kind, code.one_line()));
