@@ -750,7 +750,10 @@ pub fn findings(m: &Measurements) -> Vec<Finding> {
             c.get("occupancy_theoretical_pct"),
         ) {
             claim.push_str(&format!(
-                "; achieved occupancy {a:.1}% of a theoretical {t:.1}%"
+                "; achieved occupancy {a:.1}% of a theoretical {t:.1}%{}",
+                occupancy_limiter(&c)
+                    .map(|l| format!(" (limited by {l})"))
+                    .unwrap_or_default()
             ));
         }
         add(
@@ -762,6 +765,10 @@ pub fn findings(m: &Measurements) -> Vec<Finding> {
                 ("blocks", "blocks in the grid"),
                 ("occupancy_achieved_pct", "10..40 below the theoretical"),
                 ("occupancy_theoretical_pct", "what the launch allows"),
+                (
+                    "occupancy_limit_registers",
+                    "blocks per SM the registers allow",
+                ),
             ]),
         );
     }
