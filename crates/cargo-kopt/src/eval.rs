@@ -340,3 +340,107 @@ pub fn bench(
     }
     Ok((device, ceilings, rows))
 }
+
+/// The version to evaluate or profile: the reference, or the committed variant `variant`
+/// (which must be usable: intact and current).
+pub fn chosen_version(k: &Kernel, variant: Option<&str>) -> Result<KernelVersion, String> {
+    match variant {
+        None | Some("reference") => Ok(KernelVersion::reference(&k.spec, &k.reference.text)),
+        Some(v) => {
+            let e = k
+                .state
+                .entries
+                .iter()
+                .find(|e| e.entry.variant == v)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = k
+                        .state
+                        .entries
+                        .iter()
+                        .map(|e| e.entry.variant.as_str())
+                        .collect();
+                    format!(
+                        "`{}` has no accepted variant `{v}` (accepted: {})",
+                        k.spec.name,
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    )
+                })?;
+            let u = e.status.as_ref().map_err(|why| why.describe())?;
+            Ok(version(u))
+        }
+    }
+}
+
+/// A declared shape by index (`0`) or label (`cols=4096 rows=4096`).
+pub fn shape_index(k: &Kernel, shape: &str) -> Result<usize, String> {
+    let labels: Vec<String> = k
+        .spec
+        .shapes
+        .iter()
+        .map(kopt_spec::spec::shape_label)
+        .collect();
+    if let Ok(i) = shape.trim().parse::<usize>() {
+        return if i < labels.len() {
+            Ok(i)
+        } else {
+            Err(format!(
+                "`{}` has {} shape(s); index {i} is out of range",
+                k.spec.name,
+                labels.len()
+            ))
+        };
+    }
+    let wanted: std::collections::BTreeSet<&str> = shape.split_whitespace().collect();
+    labels
+        .iter()
+        .position(|l| {
+            l.split_whitespace()
+                .collect::<std::collections::BTreeSet<_>>()
+                == wanted
+        })
+        .ok_or_else(|| {
+            format!(
+                "`{}` declares no shape `{shape}`; its shapes: {}",
+                k.spec.name,
+                labels
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| format!("{i}: {l}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+}
+
+/// The job of one declared shape of `candidate` against the reference, without held-out
+/// shapes: what `cargo kopt __job` prints and `cargo kopt profile` runs (`timed` for the
+/// engine's figures, check-only under a profiler).
+pub fn shape_job(
+    g: &Gathered,
+    k: &Kernel,
+    candidate: KernelVersion,
+    shape: usize,
+    timed: bool,
+) -> Result<EvalJob, String> {
+    let label = k
+        .spec
+        .shapes
+        .get(shape)
+        .map(kopt_spec::spec::shape_label)
+        .ok_or(format!(
+            "`{}` has {} shapes",
+            k.spec.name,
+            k.spec.shapes.len()
+        ))?;
+    let settings = Settings {
+        held_out_per_shape: 0,
+        ..Settings::default()
+    };
+    let mut job = job(g, k, candidate, None, &settings, timed);
+    job.shapes.retain(|s| s.label == label);
+    Ok(job)
+}

@@ -5,6 +5,7 @@
 //! - [`commands`]: `list`, `check`, `pin`, `revert` as functions returning data;
 //! - [`eval`]: `verify` and `bench` through the evaluation engine;
 //! - [`render`]: their tables;
+//! - [`profile`]: `cargo kopt profile`, the bottleneck snapshot of a kernel (issue 5);
 //! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
 //! - [`review`]: the interactive review of pending variants;
 //! - [`store_cli`]: the store commands' arguments and their rendering;
@@ -14,6 +15,7 @@ pub mod commands;
 pub mod eval;
 pub mod gather;
 pub mod optimize;
+pub mod profile;
 pub mod render;
 pub mod review;
 pub mod store;

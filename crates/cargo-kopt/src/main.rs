@@ -197,17 +197,61 @@ enum Command {
         /// Continue the run with this id (its journal and sessions).
         #[arg(long)]
         run: Option<String>,
+        /// Profile the reference without Nsight Compute (engine figures and the source).
+        #[arg(long)]
+        no_ncu: bool,
         #[command(flatten)]
         eval: EvalArgs,
     },
+    // --- profile (issue 5)
+    /// Profile one version of a kernel on one declared shape: the engine's figures,
+    /// Nsight Compute (where `ncu` exists), PTX and SASS, and the source's structure,
+    /// summarised as a bottleneck snapshot (classification, ranked findings with their
+    /// evidence). Every raw artefact stays in <target>/kopt/runs/<run-id>/profile/KERNEL/.
+    /// Exit code: 0 classified, 1 nothing could be measured (what is missing is named), 2
+    /// error.
+    Profile {
+        kernel: String,
+        /// A declared shape, by index or label (default: the first).
+        #[arg(long, value_name = "INDEX|LABEL")]
+        shape: Option<String>,
+        /// A committed variant to profile (default: the reference).
+        #[arg(long)]
+        variant: Option<String>,
+        /// GPU ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        /// Nsight Compute's `ncu` (default: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin,
+        /// /opt/nvidia/nsight-compute/*/).
+        #[arg(long, value_name = "PATH", env = "KOPT_NCU")]
+        ncu: Option<PathBuf>,
+        /// Do not run Nsight Compute (wins over --ncu and KOPT_NCU).
+        #[arg(long)]
+        no_ncu: bool,
+        /// Seconds an ncu run may take before it is stopped.
+        #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+        ncu_timeout: u64,
+        /// Architecture to compile PTX and SASS for when no GPU says (e.g. sm_90).
+        #[arg(long)]
+        arch: Option<String>,
+        #[command(flatten)]
+        library: store_cli::CasesPath,
+        /// Take the confidence from the rules' margin, not from the case library.
+        #[arg(long)]
+        no_cases: bool,
+        /// Measure again even when an identical evaluation is cached.
+        #[arg(long)]
+        no_cache: bool,
+    },
+    // --- end of profile (issue 5)
     /// Print the evaluation job (checks only) of a kernel's shape, as the worker reads it:
     /// for running the worker by hand under a profiler or sanitizer.
     #[command(name = "__job", hide = true)]
     Job {
         kernel: String,
-        /// Index of the declared shape.
-        #[arg(long, default_value_t = 0)]
-        shape: usize,
+        /// The declared shape, by index or label.
+        #[arg(long, default_value = "0", value_name = "INDEX|LABEL")]
+        shape: String,
         /// A committed variant to use as the candidate (default: the reference).
         #[arg(long)]
         variant: Option<String>,
@@ -221,6 +265,9 @@ enum Command {
         fake: bool,
         #[arg(long)]
         oneshot: Option<PathBuf>,
+        /// With --oneshot: write the report to this file instead of stdout.
+        #[arg(long, requires = "oneshot")]
+        report_file: Option<PathBuf>,
     },
 }
 
@@ -257,6 +304,7 @@ fn main() -> ExitCode {
         device,
         fake,
         oneshot,
+        report_file,
     } = &cli.command
     {
         let kind = if *fake {
@@ -265,7 +313,7 @@ fn main() -> ExitCode {
             WorkerKind::Cuda { device: *device }
         };
         let code = match oneshot {
-            Some(job) => kopt_engine::worker::oneshot(kind, job),
+            Some(job) => kopt_engine::worker::oneshot(kind, job, report_file.as_deref()),
             None => kopt_engine::worker::serve(kind),
         };
         return ExitCode::from(code as u8);
@@ -498,6 +546,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             hint,
             context_tokens,
             run,
+            no_ncu,
             eval: args,
         } => {
             check_names(&gathered, &kernels)?;
@@ -510,6 +559,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 context_tokens,
                 settings: args.settings(),
                 run_id: run,
+                ncu: kopt_profile::collect::NcuChoice {
+                    explicit: None,
+                    disabled: no_ncu,
+                    timeout: Some(std::time::Duration::from_secs(600)),
+                },
             };
             let bar = progress_bar(json);
             let (run_id, results) = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| {
@@ -530,34 +584,63 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             variant,
         } => {
             let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
-            let candidate = match &variant {
-                None => kopt_engine::job::KernelVersion::reference(&k.spec, &k.reference.text),
-                Some(v) => {
-                    let e = k
-                        .state
-                        .entries
-                        .iter()
-                        .find(|e| &e.entry.variant == v)
-                        .ok_or(format!("`{kernel}` has no accepted variant `{v}`"))?;
-                    let u = e.status.as_ref().map_err(|why| why.describe())?;
-                    eval::version(u)
-                }
-            };
-            let settings = eval::Settings {
-                held_out_per_shape: 0,
-                ..eval::Settings::default()
-            };
-            let mut job = eval::job(&gathered, k, candidate, None, &settings, false);
-            let label = k
-                .spec
-                .shapes
-                .get(shape)
-                .map(kopt_spec::spec::shape_label)
-                .ok_or(format!("`{kernel}` has {} shapes", k.spec.shapes.len()))?;
-            job.shapes.retain(|s| s.label == label);
-            print_json(&job);
+            let candidate = eval::chosen_version(k, variant.as_deref())?;
+            let shape = eval::shape_index(k, &shape)?;
+            print_json(&eval::shape_job(&gathered, k, candidate, shape, false)?);
             Ok(ExitCode::SUCCESS)
         }
+        // --- profile (issue 5)
+        Command::Profile {
+            kernel,
+            shape,
+            variant,
+            device,
+            ncu,
+            no_ncu,
+            ncu_timeout,
+            arch,
+            library,
+            no_cases,
+            no_cache,
+        } => {
+            let options = cargo_kopt::profile::Options {
+                kernel,
+                shape,
+                variant,
+                device,
+                ncu: kopt_profile::collect::NcuChoice {
+                    explicit: ncu,
+                    disabled: no_ncu,
+                    timeout: Some(std::time::Duration::from_secs(ncu_timeout)),
+                },
+                arch,
+                cases: library.path,
+                no_cases,
+                no_cache,
+            };
+            let bar = progress_bar(json);
+            let outcome = cargo_kopt::profile::profile(&gathered, &options, &mut |m| {
+                bar.set_message(m.to_string())
+            });
+            bar.finish_and_clear();
+            let outcome = outcome?;
+            if json {
+                print_json(&outcome);
+            } else {
+                let mut out = anstream::stdout();
+                let _ = writeln!(out, "{}", outcome.snapshot.render(8));
+                let _ = writeln!(
+                    out,
+                    "{}run {}: every artefact is in {}{:#}",
+                    dim(),
+                    outcome.run_id,
+                    outcome.dir.display(),
+                    dim()
+                );
+            }
+            Ok(ExitCode::from(outcome.exit_code()))
+        }
+        // --- end of profile (issue 5)
         Command::Worker { .. } => unreachable!("handled before gathering"),
     }
 }

@@ -175,6 +175,8 @@ pub struct Options {
     pub context_tokens: usize,
     pub settings: Settings,
     pub run_id: Option<String>,
+    /// How the reference's bottleneck snapshot runs Nsight Compute (when it exists).
+    pub ncu: kopt_profile::collect::NcuChoice,
 }
 
 fn now_id() -> String {
@@ -247,6 +249,25 @@ pub fn optimize(
             }
             None => None,
         };
+        // The reference's bottleneck snapshot: the agent's first input.
+        progress(&format!("{}: profiling the reference", k.spec.name));
+        let snapshot = profile_reference(
+            g,
+            k,
+            &mut engine,
+            &opts.settings,
+            &opts.ncu,
+            &journal.dir().join("profile").join(&k.spec.name),
+            progress,
+        );
+        if let Some(s) = &snapshot {
+            let _ = journal.append(Event::Profile {
+                kernel: k.spec.name.clone(),
+                candidate: None,
+                summary: s.render(3),
+                artefacts: vec![format!("profile/{}/snapshot.json", k.spec.name)],
+            });
+        }
         let task = Task {
             spec: &k.spec,
             reference: KernelVersion::reference(&k.spec, &k.reference.text),
@@ -269,7 +290,7 @@ pub fn optimize(
                     )
                 })
                 .unwrap_or_else(|| "not measured".into()),
-            snapshot: None,
+            snapshot: snapshot.as_ref().map(|s| s.render(8)),
             structure: kopt_store::features::structural_summary(&k.reference.text),
             cases: similar_cases(library.as_ref(), &k.spec.name, &k.reference.text),
             hint: opts.hint.clone(),
@@ -413,6 +434,7 @@ pub fn optimize(
         }
         if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
             let pending = pending_variant(
+                snapshot.as_ref().map(|s| s.for_rationale()),
                 k,
                 &device.arch,
                 &device.name,
@@ -444,6 +466,7 @@ pub fn optimize(
 
 #[allow(clippy::too_many_arguments)]
 fn pending_variant(
+    snapshot_before: Option<files::BottleneckSnapshot>,
     k: &Kernel,
     arch: &str,
     device_name: &str,
@@ -501,7 +524,7 @@ fn pending_variant(
         arch: arch.to_string(),
         claim: None,
         summary: p.diagnosis.summary.clone(),
-        snapshot_before: None,
+        snapshot_before,
         snapshot_after: None,
         diagnosis: files::Diagnosis {
             bottleneck: p.diagnosis.bottleneck.clone(),
@@ -733,6 +756,44 @@ fn tried_case(
             arch: Some(arch.to_string()),
         },
     }
+}
+
+/// Profiles the reference on its first declared shape (engine figures, ncu where it
+/// exists, PTX/SASS, structure) into `dir`; `None` when nothing could be measured.
+fn profile_reference(
+    g: &Gathered,
+    k: &Kernel,
+    engine: &mut Engine,
+    settings: &Settings,
+    ncu: &kopt_profile::collect::NcuChoice,
+    dir: &std::path::Path,
+    progress: &mut dyn FnMut(&str),
+) -> Option<kopt_profile::snapshot::Snapshot> {
+    let reference = KernelVersion::reference(&k.spec, &k.reference.text);
+    let check = eval::shape_job(g, k, reference.clone(), 0, false).ok()?;
+    let timed = eval::shape_job(g, k, reference, 0, true).ok()?;
+    let cmd = eval::worker_command(settings.device).ok()?;
+    let collected = kopt_profile::collect::run(
+        kopt_profile::collect::Request {
+            kernel: &k.spec.name,
+            check_job: &check,
+            timed_job: &timed,
+            dir,
+            gpu: kopt_profile::collect::Gpu::Available {
+                engine,
+                worker_program: cmd.program.clone(),
+                worker_args: cmd.args.clone(),
+            },
+            ncu: ncu.clone(),
+            arch: None,
+        },
+        progress,
+    )
+    .ok()?;
+    let snap = kopt_profile::snapshot::build(collected);
+    let json = serde_json::to_string_pretty(&snap).ok()? + "\n";
+    let _ = files::write_atomic(&dir.join("snapshot.json"), json.as_bytes());
+    Some(snap)
 }
 
 #[cfg(test)]

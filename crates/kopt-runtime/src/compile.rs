@@ -74,6 +74,78 @@ pub fn compile_ptx(
     })
 }
 
+/// Compiles `source` to a cubin for the real architecture `arch` (`sm_90`), for tools that
+/// read machine code (`cuobjdump -sass`, `nvdisasm`). Needs NVRTC, not a GPU. An option
+/// that names a virtual architecture (`compute_90`) is turned into the real one.
+pub fn compile_cubin(
+    kernel: &str,
+    variant: &str,
+    source: &str,
+    options: &[&str],
+    arch: &str,
+) -> Result<Vec<u8>, Error> {
+    use cudarc::nvrtc::{result, sys};
+    use std::ffi::CString;
+    if !crate::gpu::nvrtc_present() {
+        return Err(Error::NoNvrtc);
+    }
+    let fail = |log: String| Error::Compile {
+        kernel: kernel.to_string(),
+        variant: variant.to_string(),
+        log,
+    };
+    let mut opts: Vec<String> = options
+        .iter()
+        .map(|o| o.replace("compute_", "sm_"))
+        .collect();
+    if !names_arch(options) {
+        opts.push(format!("--gpu-architecture={arch}"));
+    }
+    opts.extend(
+        cuda_include_dirs()
+            .into_iter()
+            .map(|d| format!("--include-path={d}")),
+    );
+    let src = CString::new(source).map_err(|_| fail("the source holds a NUL byte".into()))?;
+    let name = CString::new(format!("{kernel}-{variant}.cu"))
+        .map_err(|_| fail("the name holds a NUL byte".into()))?;
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| fail(e.to_string()))?;
+    // SAFETY: `prog` was created above and is destroyed once, below; the buffers are sized
+    // by NVRTC's own size queries.
+    let out = unsafe {
+        let compiled = result::compile_program(prog, &opts);
+        let log = result::get_program_log(prog)
+            .map(|l| {
+                let bytes: Vec<u8> = l.iter().map(|c| *c as u8).take_while(|b| *b != 0).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .unwrap_or_default();
+        match compiled {
+            Err(_) => Err(fail(format!(
+                "{}\n(options: {})",
+                log.trim_end(),
+                opts.join(" ")
+            ))),
+            Ok(()) => {
+                let mut size: usize = 0;
+                match sys::nvrtcGetCUBINSize(prog, &mut size).result() {
+                    Err(e) => Err(fail(format!("no cubin: {e:?}"))),
+                    Ok(()) => {
+                        let mut buf = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+                            .result()
+                            .map(|_| buf)
+                            .map_err(|e| fail(format!("no cubin: {e:?}")))
+                    }
+                }
+            }
+        }
+    };
+    // SAFETY: created above, not destroyed before.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
+
 /// Compiles and loads a variant's entry point into `ctx`.
 pub(crate) fn load(
     ctx: &Arc<CudaContext>,

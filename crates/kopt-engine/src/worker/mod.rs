@@ -110,8 +110,13 @@ pub fn serve(kind: WorkerKind) -> i32 {
 }
 
 /// Evaluates one job read from a file and prints the report: the form compute-sanitizer
-/// runs the worker in.
-pub fn oneshot(kind: WorkerKind, job: &std::path::Path) -> i32 {
+/// and Nsight Compute run the worker in. With `report_file`, the report goes to that file
+/// instead of stdout, so that a profiler's output on stdout is the profiler's alone.
+pub fn oneshot(
+    kind: WorkerKind,
+    job: &std::path::Path,
+    report_file: Option<&std::path::Path>,
+) -> i32 {
     let job: EvalJob = match std::fs::read_to_string(job)
         .map_err(|e| e.to_string())
         .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
@@ -133,13 +138,24 @@ pub fn oneshot(kind: WorkerKind, job: &std::path::Path) -> i32 {
         },
     };
     let report = backend.evaluate(&job, &mut |_| {});
-    send(
-        &mut std::io::stdout().lock(),
-        &Message::Report {
-            report: Box::new(report.clone()),
-        },
-    );
-    if report.fault.is_some() {
+    let fault = report.fault.is_some();
+    let message = Message::Report {
+        report: Box::new(report),
+    };
+    match report_file {
+        None => send(&mut std::io::stdout().lock(), &message),
+        Some(path) => {
+            let line = serde_json::to_string(&message).expect("messages serialise") + "\n";
+            if let Err(e) = kopt_spec::files::write_atomic(path, line.as_bytes()) {
+                eprintln!(
+                    "kopt worker: cannot write the report to {}: {e}",
+                    path.display()
+                );
+                return 2;
+            }
+        }
+    }
+    if fault {
         3
     } else {
         0
