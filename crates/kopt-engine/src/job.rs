@@ -22,6 +22,12 @@ pub struct KernelVersion {
     pub defines: BTreeMap<String, i64>,
     #[serde(default)]
     pub options: Vec<String>,
+    /// PTX compiled ahead of the job (by the search's CPU compile pool) from exactly this
+    /// source, entry and options for the worker's architecture: the worker loads it
+    /// instead of running NVRTC itself. Part of the job, so part of the evaluation
+    /// cache's key: a different PTX is a different evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx: Option<String>,
 }
 
 impl KernelVersion {
@@ -34,6 +40,7 @@ impl KernelVersion {
             launch: spec.launch.clone(),
             defines: spec.default_defines(),
             options: spec.options.clone(),
+            ptx: None,
         }
     }
 
@@ -46,6 +53,7 @@ impl KernelVersion {
             launch: v.launch.clone(),
             defines: v.defines.clone(),
             options: v.options.clone(),
+            ptx: None,
         }
     }
 
@@ -197,7 +205,28 @@ pub fn held_out_shapes(
     per_shape: usize,
     max_bytes: u64,
 ) -> Vec<ShapeCase> {
-    let defines = spec.default_defines();
+    held_out_shapes_for(
+        spec,
+        &spec.default_defines(),
+        region,
+        seed,
+        per_shape,
+        max_bytes,
+    )
+}
+
+/// [`held_out_shapes`] for a version built with `defines` (a search point): the
+/// constraints and the launch rule are evaluated with those values, so that a shape the
+/// version cannot run (`cols % VEC != 0` with its `VEC`) is never chosen.
+pub fn held_out_shapes_for(
+    spec: &KernelSpec,
+    defines: &BTreeMap<String, i64>,
+    region: Option<&Expr>,
+    seed: u64,
+    per_shape: usize,
+    max_bytes: u64,
+) -> Vec<ShapeCase> {
+    let defines = defines.clone();
     let ints: Vec<String> = spec
         .scalars()
         .filter(|s| !s.ty.is_float())
