@@ -135,12 +135,12 @@ impl CudaBackend {
         );
         let compiled = match &v.ptx {
             Some(ptx) => Ok(cudarc::nvrtc::Ptx::from_src(ptx.clone())),
-            None => kopt::compile_ptx("candidate", &v.id, &v.source, &opts, cc).map_err(|e| {
-                match e {
+            None => {
+                kopt::compile_ptx("candidate", &v.id, &v.source, &opts, cc).map_err(|e| match e {
                     kopt::Error::Compile { log, .. } => log,
                     other => other.to_string(),
-                }
-            }),
+                })
+            }
         };
         let result = compiled.and_then(|ptx| {
                 let module = self.ctx.load_module(ptx).map_err(|e| format!("module load: {e:?}"))?;

@@ -360,9 +360,8 @@ impl Backend for FakeBackend {
             let ref_us = base_us * table_factor(&d, &job.reference);
             let table = table_factor(&d, &job.candidate) / table_factor(&d, &job.reference);
             let mut factor = table
-                * d
-                .get("speedup")
-                .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
+                * d.get("speedup")
+                    .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
                     .map(|s| 1.0 / s)
                     .unwrap_or(1.0);
             for w in d.all("slower-on") {
