@@ -7,6 +7,7 @@
 //! - [`render`]: their tables;
 //! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
 //! - [`review`]: the interactive review of pending variants;
+//! - [`search`]: `search` and `search-bench` over `kopt-search` and the engine;
 //! - [`store_cli`]: the store commands' arguments and their rendering;
 //! - [`table`]: plain-text tables for people.
 
@@ -15,6 +16,7 @@ pub mod eval;
 pub mod gather;
 pub mod render;
 pub mod review;
+pub mod search;
 pub mod store;
 pub mod store_cli;
 pub mod table;
