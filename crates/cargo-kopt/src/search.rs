@@ -158,6 +158,9 @@ pub struct EngineEvaluator<'a> {
     pub compiler: Arc<NvrtcCompiler>,
     /// The reference, with its PTX compiled once.
     pub reference: KernelVersion,
+    /// Wall seconds per worker step (`compile`, `check (declared)`, `timing`...), summed
+    /// over every evaluation: where the device side spends its time.
+    pub steps: BTreeMap<String, f64>,
 }
 
 impl<'a> EngineEvaluator<'a> {
@@ -198,6 +201,7 @@ impl<'a> EngineEvaluator<'a> {
             device,
             compiler,
             reference,
+            steps: BTreeMap::new(),
         })
     }
 
@@ -224,7 +228,15 @@ impl<'a> EngineEvaluator<'a> {
         let mut job = eval::job(self.g, self.k, v, None, &self.settings, true);
         job.reference = self.reference.clone();
         let t = Instant::now();
-        let ev = self.engine.evaluate(&job, progress);
+        let mut last = (Instant::now(), "sending the job".to_string());
+        let steps = &mut self.steps;
+        let ev = self.engine.evaluate(&job, &mut |m: &str| {
+            *steps.entry(last.1.clone()).or_default() += last.0.elapsed().as_secs_f64();
+            let kind = m.rsplit(": ").next().unwrap_or(m).to_string();
+            last = (Instant::now(), kind);
+            progress(m)
+        });
+        *steps.entry(last.1).or_default() += last.0.elapsed().as_secs_f64();
         let verdict = self.judge.judge(&ev.report);
         let mut o = outcome(&self.k.spec, &self.device, &ev.report, &verdict);
         o.seconds = t.elapsed().as_secs_f64();
@@ -951,6 +963,11 @@ pub struct BenchReport {
     /// threads, no evaluation cache.
     pub exhaustive_seconds: f64,
     pub exhaustive_evaluations_per_second: f64,
+    /// Milliseconds per exhaustive evaluation spent in each worker step (the last step
+    /// includes sending the report back).
+    pub worker_ms_per_evaluation: BTreeMap<String, f64>,
+    /// CPU seconds NVRTC took per point, on the compile threads (overlapped).
+    pub compile_ms_per_point: f64,
     /// How the strategies' seconds were obtained.
     pub seconds_are: String,
     pub target: f64,
@@ -984,6 +1001,7 @@ pub fn search_bench(
         settings.compile_threads = t.max(1);
     }
     // The exhaustive run, live.
+    ev.steps.clear();
     let mut sp = space.clone();
     let mut ex = StrategyKind::Exhaustive.make(0);
     let t = Instant::now();
@@ -998,6 +1016,19 @@ pub fn search_bench(
         &mut progress,
     );
     let exhaustive_seconds = t.elapsed().as_secs_f64();
+    let n = summary.evaluations.max(1) as f64;
+    let worker_ms_per_evaluation: BTreeMap<String, f64> = ev
+        .steps
+        .iter()
+        .map(|(k, v)| (k.clone(), 1000.0 * v / n))
+        .collect();
+    let compile_ms_per_point = 1000.0
+        * summary
+            .records
+            .iter()
+            .map(|r| r.outcome.compile_seconds)
+            .sum::<f64>()
+        / n;
     let table: HashMap<usize, Outcome> = summary
         .records
         .iter()
@@ -1071,6 +1102,8 @@ pub fn search_bench(
         exhaustive_evaluations_per_second: summary.evaluations as f64
             / exhaustive_seconds.max(1e-9),
         landscape,
+        worker_ms_per_evaluation,
+        compile_ms_per_point,
         seconds_are: if o.live {
             "wall clock of live runs (every point measured again, compiled ahead on CPU threads)"
                 .into()
@@ -1268,6 +1301,17 @@ pub fn render_bench(r: &BenchReport) {
         l.best_over_median.unwrap_or(f64::NAN),
         l.near_best,
         100.0 * r.target
+    );
+    let _ = writeln!(
+        out,
+        "per evaluation: {} ms on the worker ({}); NVRTC {:.1} ms per point on the compile threads",
+        r.worker_ms_per_evaluation.values().sum::<f64>().round(),
+        r.worker_ms_per_evaluation
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.1}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        r.compile_ms_per_point
     );
     let _ = writeln!(out, "seed snapshot (the reference): {}", r.hints.describe());
     let _ = writeln!(out);

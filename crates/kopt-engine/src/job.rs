@@ -445,6 +445,43 @@ mod tests {
     }
 
     #[test]
+    fn held_out_shapes_respect_the_versions_own_defines() {
+        let item = kopt_spec::spec::parse_item(
+            "fn k(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        let spec = kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", x: [rows * cols], y: [rows], grid = rows, block = 256, shapes = [{ rows: 64, cols: 4096 }, { rows: 16, cols: 65536 }], tunables = { VEC: [1, 2, 4, 8] }, constraints = [cols % VEC == 0]"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0;
+        let odd = |shapes: &[ShapeCase]| {
+            shapes
+                .iter()
+                .any(|s| s.values["cols"].as_i64().unwrap() % 8 != 0)
+        };
+        // At the defaults (VEC=1) odd column counts are fair game...
+        let mut any_odd = false;
+        for seed in 0..20 {
+            any_odd |= odd(&held_out_shapes(&spec, None, seed, 3, 1 << 30));
+        }
+        assert!(any_odd);
+        // ... but never for a version built with VEC=8.
+        let mut d = spec.default_defines();
+        d.insert("VEC".into(), 8);
+        for seed in 0..20 {
+            let shapes = held_out_shapes_for(&spec, &d, None, seed, 3, 1 << 30);
+            assert!(!shapes.is_empty());
+            assert!(!odd(&shapes), "{shapes:?}");
+        }
+    }
+
+    #[test]
     fn coordinates_of_a_flat_index() {
         let spec = sample();
         let dims = buffer_dims(
