@@ -242,6 +242,9 @@ enum Command {
         strategies: Vec<StrategyArg>,
         #[arg(long)]
         threads: Option<usize>,
+        /// Also write the report as JSON to FILE.
+        #[arg(long, value_name = "FILE")]
+        json_out: Option<PathBuf>,
         #[command(flatten)]
         eval: EvalArgs,
     },
@@ -626,6 +629,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             with_options,
             strategies,
             threads,
+            json_out,
             eval: args,
         } => {
             let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
@@ -648,6 +652,13 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 step_timeout: args.step_timeout,
             };
             let report = search::search_bench(&gathered, k, &o, json)?;
+            if let Some(path) = json_out {
+                std::fs::write(
+                    &path,
+                    serde_json::to_string_pretty(&report).expect("reports serialise"),
+                )
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
             if json {
                 print_json(&report);
             } else {

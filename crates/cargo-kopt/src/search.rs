@@ -43,7 +43,8 @@ use crate::gather::{Gathered, Kernel};
 
 /// The timing policy of search evaluations: fewer samples than `verify` (a point is
 /// compared with the reference timed in the same job, alternating, so drift cancels),
-/// a shorter graph replay, at most half a second per shape.
+/// shorter graph replays (at least 100 µs, and at least one launch per cold input set),
+/// at most half a second per shape.
 pub fn search_timing() -> TimingPolicy {
     TimingPolicy {
         warmup: 3,
@@ -51,7 +52,7 @@ pub fn search_timing() -> TimingPolicy {
         max_samples: 60,
         target_spread: 0.02,
         max_seconds: 0.5,
-        graph_target_us: 200.0,
+        graph_target_us: 100.0,
         max_input_sets: 64,
     }
 }

@@ -243,12 +243,13 @@ impl CompilePool {
         self.shared.cv.notify_all();
     }
 
-    /// Points worth compiling ahead, most likely first; compiled points no longer in the
-    /// list are dropped.
+    /// Points worth keeping compiled, most likely first (the batch being measured
+    /// included): those not compiled yet are compiled when the threads are free of urgent
+    /// work; compiled points no longer in the list are dropped.
     pub fn speculate(&self, specs: Vec<PointSpec>) {
         let mut s = self.lock();
         let ahead = s.ahead;
-        let list: Vec<PointSpec> = specs.into_iter().take(ahead).collect();
+        let list: Vec<PointSpec> = specs.into_iter().take(ahead.max(16)).collect();
         s.wanted = list.iter().map(|p| p.id).collect();
         let urgent: HashSet<usize> = s.urgent.iter().map(|p| p.id).collect();
         let wanted = s.wanted.clone();
@@ -256,7 +257,9 @@ impl CompilePool {
             .retain(|id, _| wanted.contains(id) || urgent.contains(id));
         s.speculative = list
             .into_iter()
-            .filter(|p| !s.done.contains_key(&p.id) && !s.busy.contains(&p.id))
+            .filter(|p| {
+                !s.done.contains_key(&p.id) && !s.busy.contains(&p.id) && !urgent.contains(&p.id)
+            })
             .collect();
         drop(s);
         self.shared.cv.notify_all();
@@ -645,17 +648,23 @@ pub fn run(
                 interesting: &live,
                 round,
             };
-            let mut ahead: Vec<usize> = strategy.lookahead(&cx, settings.compile_ahead);
-            let listed: HashSet<usize> =
-                ahead.iter().copied().chain(fresh.iter().copied()).collect();
+            // The batch first (so that its compiled points are kept), then what the
+            // strategy may ask next, then the rest of the space in canonical order.
+            let mut ahead: Vec<usize> = fresh.clone();
+            ahead.extend(
+                strategy
+                    .lookahead(&cx, settings.compile_ahead)
+                    .into_iter()
+                    .filter(|id| !fresh.contains(id)),
+            );
+            let listed: HashSet<usize> = ahead.iter().copied().collect();
             ahead.extend(
                 (0..space.len())
-                    .filter(|id| {
-                        cx.fresh(*id) && !listed.contains(id) && !prior.outcomes.contains_key(id)
-                    })
+                    .filter(|id| cx.fresh(*id) && !listed.contains(id))
                     .take(settings.compile_ahead),
             );
-            ahead.retain(|id| !fresh.contains(id) && !prior.outcomes.contains_key(id));
+            ahead.retain(|id| !prior.outcomes.contains_key(id));
+            ahead.truncate(settings.compile_ahead.max(fresh.len()));
             pool.speculate(
                 ahead
                     .into_iter()

@@ -113,7 +113,7 @@ pub fn gqa_decode(
     y: [rows] tol(rtol = 1e-4, atol = 1e-3),
     grid = ceil_div(rows, ROWS_PER_BLOCK),
     block = BLOCK,
-    shapes = [{ rows: 16, cols: 65536 }, { rows: 512, cols: 2048 }],
+    shapes = [{ rows: 64, cols: 16384 }, { rows: 512, cols: 2048 }],
     flops = rows * cols,
     tunables = {
         BLOCK: 256 in [32, 64, 128, 256, 512, 1024],
