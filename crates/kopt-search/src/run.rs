@@ -306,7 +306,19 @@ fn worker(shared: &PoolShared, compiler: &dyn Compiler) {
             let mut s = shared.state.lock().unwrap_or_else(|p| p.into_inner());
             s.busy.insert(job.id);
         }
-        let c = compiler.compile(&job);
+        // A compiler that panics fails this point; it must not leave `take` waiting.
+        let c = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compiler.compile(&job)))
+            .unwrap_or_else(|e| Compiled::Failed {
+                log: format!(
+                    "the compiler panicked on `{}`: {}",
+                    job.label,
+                    e.downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| e.downcast_ref::<&str>().copied())
+                        .unwrap_or("(no message)")
+                ),
+                seconds: 0.0,
+            });
         let mut s = shared.state.lock().unwrap_or_else(|p| p.into_inner());
         s.busy.remove(&job.id);
         s.done.insert(job.id, c);

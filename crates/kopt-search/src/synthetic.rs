@@ -42,7 +42,7 @@ pub struct Synthetic {
     /// Options whose points fail the tolerance (`--use_fast_math`, say).
     pub breaks_tolerance: Vec<String>,
     /// Compile on the driver's pool (with a compiler that fails where `cost` says
-    /// `f64::INFINITY`), to exercise it.
+    /// `f64::INFINITY` and panics where it says `f64::NEG_INFINITY`), to exercise it.
     pub with_compiler: bool,
     /// Evaluations made (not replayed).
     pub evaluated: Vec<String>,
@@ -85,6 +85,9 @@ struct SyntheticCompiler {
 impl Compiler for SyntheticCompiler {
     fn compile(&self, p: &PointSpec) -> Compiled {
         self.count.fetch_add(1, Ordering::SeqCst);
+        if (self.cost)(&p.defines, &p.options) == Some(f64::NEG_INFINITY) {
+            panic!("internal compiler error on {}", p.label);
+        }
         if (self.cost)(&p.defines, &p.options) == Some(f64::INFINITY) {
             return Compiled::Failed {
                 log: format!("k.cu(1): error: {} does not compile", p.label),

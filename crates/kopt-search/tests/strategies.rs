@@ -487,9 +487,12 @@ fn fast_math_is_dropped_when_it_breaks_the_tolerance() {
 #[test]
 fn compile_failures_never_reach_the_device() {
     let space = row_space();
-    // UNROLL=4 with VEC=8 "does not compile" (too many registers, say).
+    // UNROLL=4 with VEC=8 "does not compile" (too many registers, say), and the compiler
+    // itself crashes on BLOCK=32 VEC=8 UNROLL=4.
     let mut eval = Synthetic::new(|d, _| {
-        if d["UNROLL"] == 4 && d["VEC"] == 8 {
+        if d["UNROLL"] == 4 && d["VEC"] == 8 && d["BLOCK"] == 32 {
+            Some(f64::NEG_INFINITY)
+        } else if d["UNROLL"] == 4 && d["VEC"] == 8 {
             Some(f64::INFINITY)
         } else {
             Some(row_time(d))
@@ -523,6 +526,12 @@ fn compile_failures_never_reach_the_device() {
         .records
         .iter()
         .any(|r| r.outcome.detail.contains("does not compile")));
+    assert!(
+        s.records
+            .iter()
+            .any(|r| r.outcome.detail.contains("the compiler panicked")),
+        "a compiler crash fails its point and the run goes on"
+    );
     assert_eq!(
         eval.compiles(),
         space.len(),
