@@ -8,6 +8,7 @@
 //! - [`profile`]: `cargo kopt profile`, the bottleneck snapshot of a kernel (issue 5);
 //! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
 //! - [`review`]: the interactive review of pending variants;
+//! - [`search`]: `search` and `search-bench` over `kopt-search` and the engine;
 //! - [`store_cli`]: the store commands' arguments and their rendering;
 //! - [`table`]: plain-text tables for people.
 
@@ -18,6 +19,7 @@ pub mod optimize;
 pub mod profile;
 pub mod render;
 pub mod review;
+pub mod search;
 pub mod store;
 pub mod store_cli;
 pub mod style;

@@ -10,7 +10,7 @@ use cargo_kopt::gather::{self, Gathered, Selection};
 use cargo_kopt::store_cli;
 use cargo_kopt::style::{dim, green, red, yellow};
 use cargo_kopt::table::Table;
-use cargo_kopt::{eval, render};
+use cargo_kopt::{eval, render, search};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kopt_engine::worker::WorkerKind;
 
@@ -244,6 +244,82 @@ enum Command {
         no_cache: bool,
     },
     // --- end of profile (issue 5)
+    // --- search (issue 6)
+    /// Search a kernel's tunables, launch geometry and compile options on this GPU;
+    /// prints the best verified configuration per shape and the leaderboard. Runs are
+    /// journalled under target/kopt/runs/ and resume with --resume RUN_ID.
+    Search {
+        kernel: String,
+        #[arg(long, value_enum, default_value_t = StrategyArg::Hill)]
+        strategy: StrategyArg,
+        /// Seed the search from the reference's bottleneck snapshot (the built-in
+        /// heuristic's parameter matrix).
+        #[arg(long)]
+        seeded: bool,
+        /// An agent's parameter matrix (JSON), instead of the heuristic's; implies --seeded.
+        #[arg(long, value_name = "FILE")]
+        matrix: Option<PathBuf>,
+        /// A bottleneck snapshot (JSON SnapshotHints) instead of measuring the reference;
+        /// implies --seeded.
+        #[arg(long, value_name = "FILE")]
+        hints: Option<PathBuf>,
+        /// Points to evaluate at most (default: all for exhaustive, else min(100, valid)).
+        #[arg(long, value_name = "N")]
+        budget_evals: Option<usize>,
+        /// Wall time at most, seconds.
+        #[arg(long, value_name = "S")]
+        budget_seconds: Option<f64>,
+        /// The strategy's random seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Compile-option axes: `standard` (fast math where outputs are floating point,
+        /// --extra-device-vectorization, --maxrregcount 32/64/128/255) or `none`.
+        #[arg(long, value_enum, default_value_t = OptionsArg::Standard)]
+        options: OptionsArg,
+        /// Go on with an interrupted run (same kernel, strategy, seed and options).
+        #[arg(long, value_name = "RUN_ID")]
+        resume: Option<String>,
+        /// Rounds an interesting point stays in the neighbourhood.
+        #[arg(long, default_value_t = 8)]
+        keep_rounds: usize,
+        /// CPU threads compiling ahead (default: the cores, at most 16).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Skip the full verification of the best points at the end.
+        #[arg(long)]
+        no_verify: bool,
+        #[command(flatten)]
+        eval: EvalArgs,
+    },
+    /// The convergence benchmark: an exhaustive run measured once, then each strategy with
+    /// and without the profile seed over --seeds seeds: median evaluations and seconds to
+    /// come within --target-pct of the best, evaluations per second.
+    SearchBench {
+        kernel: String,
+        #[arg(long, default_value_t = 10)]
+        seeds: u64,
+        /// Within this many percent of the exhaustive best counts as converged.
+        #[arg(long, default_value_t = 2.0)]
+        target_pct: f64,
+        /// Measure every trial again on the device (wall clock) instead of replaying the
+        /// exhaustive run's measurements.
+        #[arg(long)]
+        live: bool,
+        /// Include the compile-option axes in the space (default: the tunables only).
+        #[arg(long)]
+        with_options: bool,
+        /// Strategies to compare (default: all).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        strategies: Vec<StrategyArg>,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Also write the report as JSON to FILE.
+        #[arg(long, value_name = "FILE")]
+        json_out: Option<PathBuf>,
+        #[command(flatten)]
+        eval: EvalArgs,
+    },
+    // --- end of search (issue 6)
     /// Print the evaluation job (checks only) of a kernel's shape, as the worker reads it:
     /// for running the worker by hand under a profiler or sanitizer.
     #[command(name = "__job", hide = true)]
@@ -270,6 +346,43 @@ enum Command {
         report_file: Option<PathBuf>,
     },
 }
+
+// --- search (issue 6)
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StrategyArg {
+    Exhaustive,
+    Random,
+    Hill,
+    Evolution,
+}
+
+impl StrategyArg {
+    fn kind(self) -> kopt_search::StrategyKind {
+        use kopt_search::StrategyKind as K;
+        match self {
+            StrategyArg::Exhaustive => K::Exhaustive,
+            StrategyArg::Random => K::Random,
+            StrategyArg::Hill => K::Hill,
+            StrategyArg::Evolution => K::Evolution,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OptionsArg {
+    Standard,
+    None,
+}
+
+impl OptionsArg {
+    fn axes(self) -> kopt_search::OptionAxes {
+        match self {
+            OptionsArg::Standard => kopt_search::OptionAxes::standard(),
+            OptionsArg::None => kopt_search::OptionAxes::none(),
+        }
+    }
+}
+// --- end of search (issue 6)
 
 #[derive(Args, Clone)]
 struct EvalArgs {
@@ -578,6 +691,98 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         // --- end of optimize (issue 7)
+        // --- search (issue 6)
+        Command::Search {
+            kernel,
+            strategy,
+            seeded,
+            matrix,
+            hints,
+            budget_evals,
+            budget_seconds,
+            seed,
+            options,
+            resume,
+            keep_rounds,
+            threads,
+            no_verify,
+            eval: args,
+        } => {
+            let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
+            let o = search::SearchOptions {
+                strategy: strategy.kind(),
+                seeded,
+                matrix,
+                hints,
+                budget_evals,
+                budget_seconds,
+                seed,
+                options: options.axes(),
+                resume,
+                keep_rounds,
+                threads,
+                eval: args.settings(),
+                step_timeout: args.step_timeout,
+                no_verify,
+            };
+            let report = search::search(&gathered, k, &o, json)?;
+            if json {
+                print_json(&report);
+            } else {
+                search::render_search(&report);
+            }
+            Ok(if report.best.is_some() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Command::SearchBench {
+            kernel,
+            seeds,
+            target_pct,
+            live,
+            with_options,
+            strategies,
+            threads,
+            json_out,
+            eval: args,
+        } => {
+            let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
+            let o = search::BenchOptions {
+                seeds: seeds.max(1),
+                target: target_pct / 100.0,
+                live,
+                options: if with_options {
+                    kopt_search::OptionAxes::standard()
+                } else {
+                    kopt_search::OptionAxes::none()
+                },
+                strategies: if strategies.is_empty() {
+                    kopt_search::StrategyKind::ALL.to_vec()
+                } else {
+                    strategies.iter().map(|s| s.kind()).collect()
+                },
+                threads,
+                eval: args.settings(),
+                step_timeout: args.step_timeout,
+            };
+            let report = search::search_bench(&gathered, k, &o, json)?;
+            if let Some(path) = json_out {
+                std::fs::write(
+                    &path,
+                    serde_json::to_string_pretty(&report).expect("reports serialise"),
+                )
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
+            if json {
+                print_json(&report);
+            } else {
+                search::render_bench(&report);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        // --- end of search (issue 6)
         Command::Job {
             kernel,
             shape,

@@ -521,8 +521,17 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
             .take(400)
             .collect::<String>()
     );
-    let snapshot = session.split("## Bottleneck snapshot").nth(1).unwrap_or("").split("## ").next().unwrap_or("");
-    assert!(!snapshot.contains("not available") && snapshot.len() > 40, "the reference's snapshot reaches the context: {snapshot}");
+    let snapshot = session
+        .split("## Bottleneck snapshot")
+        .nth(1)
+        .unwrap_or("")
+        .split("## ")
+        .next()
+        .unwrap_or("");
+    assert!(
+        !snapshot.contains("not available") && snapshot.len() > 40,
+        "the reference's snapshot reaches the context: {snapshot}"
+    );
     assert!(runs.join("profile/softmax/snapshot.json").is_file());
     let o = run(&["cases", "list", "--message-format", "json"]);
     assert!(

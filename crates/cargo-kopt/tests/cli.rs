@@ -75,7 +75,7 @@ fn check_passes_on_the_example() {
     let o = kopt(&ws, &["check"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
-        stdout(&o).contains("ok: 4 kernel(s), 1 accepted variant(s)"),
+        stdout(&o).contains("ok: 5 kernel(s), 1 accepted variant(s)"),
         "{}",
         text(&o)
     );

@@ -2,8 +2,10 @@
 //! could change its outcome, so an unchanged candidate is not measured again.
 //!
 //! The key covers both versions' sources, entry points, defines, options and launch
-//! rules; the shapes; the seeds and timing policy (the input policy); and the device's
-//! identity and driver. Entries are JSON files named by the key.
+//! rules (and pre-compiled PTX); the shapes; the seeds and timing policy (the input
+//! policy); and the device's identity and driver. Entries are JSON files named by the
+//! key. The key's version changes when the same seeds would draw other inputs (v2:
+//! buffers drawn in chunks).
 
 use std::path::{Path, PathBuf};
 
@@ -25,7 +27,7 @@ pub fn hash_parts(parts: &[&str]) -> String {
 /// The cache key of a job on a device.
 pub fn key(job: &EvalJob, device: &DeviceInfo) -> String {
     let json = serde_json::to_string(job).expect("jobs serialise");
-    hash_parts(&["kopt-eval-v1", &json, &device.identity()])
+    hash_parts(&["kopt-eval-v2", &json, &device.identity()])
 }
 
 #[derive(Debug, Clone)]
@@ -98,6 +100,12 @@ mod tests {
         let mut j = job();
         j.candidate.options.push("--use_fast_math".into());
         assert_ne!(key(&j, &dev), base, "options");
+        let mut j = job();
+        j.candidate.ptx = Some(".visible .entry k()".into());
+        let with_ptx = key(&j, &dev);
+        assert_ne!(with_ptx, base, "pre-compiled PTX");
+        j.candidate.ptx = Some(".visible .entry k() // other".into());
+        assert_ne!(key(&j, &dev), with_ptx, "another PTX");
         let mut j = job();
         j.candidate.launch.block[0] = kopt_spec::expr::Expr::Int(2);
         assert_ne!(key(&j, &dev), base, "launch rule");

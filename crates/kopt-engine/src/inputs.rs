@@ -37,6 +37,24 @@ fn buffer_seed(seed: u64, index: usize) -> u64 {
     seed ^ (index as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
 }
 
+/// Elements drawn from one generator; larger buffers are drawn chunk by chunk, each chunk
+/// from its own generator (chunk 0 from the buffer's seed), so that the values depend
+/// only on the seed, never on how many threads drew them.
+pub const CHUNK: usize = 1 << 16;
+
+/// Buffers at least this large are drawn on several threads.
+const PARALLEL_FROM: usize = 4 * CHUNK;
+
+fn chunk_seed(seed: u64, chunk: usize) -> u64 {
+    if chunk == 0 {
+        seed
+    } else {
+        seed ^ (chunk as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(17)
+    }
+}
+
 /// Fills an input buffer of `n` elements.
 pub fn fill(
     buffer: &Buffer,
@@ -46,80 +64,113 @@ pub fn fill(
     seed: u64,
     variation: Variation,
 ) -> Result<Bytes, String> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dist = buffer.distribution.clone().unwrap_or(Distribution::Normal {
         mean: 0.0,
         std: 1.0,
     });
-    let floats = |rng: &mut rand::rngs::StdRng| -> Result<Vec<f64>, String> {
-        Ok(match dist {
-            Distribution::Normal { mean, std } => {
-                let mean = if variation == Variation::Shifted {
-                    mean + std
-                } else {
-                    mean
-                };
-                let d = Normal::new(mean, std).map_err(|e| e.to_string())?;
-                (0..n).map(|_| d.sample(rng)).collect()
-            }
-            Distribution::Uniform { lo, hi } => {
-                let d = Uniform::new(lo, hi).map_err(|e| e.to_string())?;
-                (0..n).map(|_| d.sample(rng)).collect()
-            }
-            Distribution::Range { .. } => {
+    // Resolve the distribution once (errors before any drawing).
+    enum Draw {
+        Normal(Normal<f64>),
+        Uniform(Uniform<f64>),
+        Range(i64, i64),
+    }
+    let draw = match (&dist, buffer.dtype.is_float()) {
+        (Distribution::Normal { mean, std }, true) => {
+            let mean = if variation == Variation::Shifted {
+                mean + std
+            } else {
+                *mean
+            };
+            Draw::Normal(Normal::new(mean, *std).map_err(|e| e.to_string())?)
+        }
+        (Distribution::Uniform { lo, hi }, true) => {
+            Draw::Uniform(Uniform::new(*lo, *hi).map_err(|e| e.to_string())?)
+        }
+        (Distribution::Range { .. }, true) => {
+            return Err(format!(
+                "`{}`: an integer range on a float buffer",
+                buffer.name
+            ))
+        }
+        (Distribution::Range { lo, hi }, false) => {
+            let eval = |e: &kopt_spec::expr::Expr| -> Result<i64, String> {
+                let p = spec.compile_expr(e, &BTreeMap::new())?;
+                expr::eval(&p, args).map_err(|err| format!("`{e}`: {err}"))
+            };
+            let (lo, hi) = (eval(lo)?, eval(hi)?);
+            if lo >= hi {
                 return Err(format!(
-                    "`{}`: an integer range on a float buffer",
+                    "`{}`: the range {lo}..{hi} is empty for this shape",
                     buffer.name
-                ))
+                ));
             }
-        })
-    };
-    let ints = |rng: &mut rand::rngs::StdRng| -> Result<Vec<i64>, String> {
-        let Distribution::Range { lo, hi } = &dist else {
+            Draw::Range(lo, hi)
+        }
+        (_, false) => {
             return Err(format!(
                 "`{}`: integer buffers take `range(lo..hi)`",
                 buffer.name
-            ));
-        };
-        let eval = |e: &kopt_spec::expr::Expr| -> Result<i64, String> {
-            let p = spec.compile_expr(e, &BTreeMap::new())?;
-            expr::eval(&p, args).map_err(|err| format!("`{e}`: {err}"))
-        };
-        let (lo, hi) = (eval(lo)?, eval(hi)?);
-        if lo >= hi {
-            return Err(format!(
-                "`{}`: the range {lo}..{hi} is empty for this shape",
-                buffer.name
-            ));
+            ))
         }
-        Ok((0..n).map(|_| rng.random_range(lo..hi)).collect())
     };
-    let mut out = Vec::with_capacity(n * buffer.dtype.size());
-    match buffer.dtype {
-        DType::F64 => floats(&mut rng)?
-            .iter()
-            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        DType::F32 => floats(&mut rng)?
-            .iter()
-            .for_each(|v| out.extend_from_slice(&(*v as f32).to_le_bytes())),
-        DType::F16 => floats(&mut rng)?
-            .iter()
-            .for_each(|v| out.extend_from_slice(&f16::from_f64(*v).to_le_bytes())),
-        DType::Bf16 => floats(&mut rng)?
-            .iter()
-            .for_each(|v| out.extend_from_slice(&bf16::from_f64(*v).to_le_bytes())),
-        DType::I64 | DType::U64 => ints(&mut rng)?
-            .iter()
-            .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
-        DType::I32 | DType::U32 => ints(&mut rng)?
-            .iter()
-            .for_each(|v| out.extend_from_slice(&(*v as i32).to_le_bytes())),
-        DType::I16 | DType::U16 => ints(&mut rng)?
-            .iter()
-            .for_each(|v| out.extend_from_slice(&(*v as i16).to_le_bytes())),
-        DType::I8 | DType::U8 => ints(&mut rng)?.iter().for_each(|v| out.push(*v as u8)),
+    let dtype = buffer.dtype;
+    let size = dtype.size();
+    let fill_chunk = |chunk: usize, out: &mut [u8]| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(chunk_seed(seed, chunk));
+        for cell in out.chunks_exact_mut(size) {
+            match &draw {
+                Draw::Normal(d) => put_float(dtype, cell, d.sample(&mut rng)),
+                Draw::Uniform(d) => put_float(dtype, cell, d.sample(&mut rng)),
+                Draw::Range(lo, hi) => put_int(dtype, cell, rng.random_range(*lo..*hi)),
+            }
+        }
+    };
+    let mut out = vec![0u8; n * size];
+    if n < PARALLEL_FROM {
+        for (c, part) in out.chunks_mut(CHUNK * size).enumerate() {
+            fill_chunk(c, part);
+        }
+    } else {
+        let threads = std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, 16);
+        let mut parts: Vec<Vec<(usize, &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
+        for (c, part) in out.chunks_mut(CHUNK * size).enumerate() {
+            parts[c % threads].push((c, part));
+        }
+        std::thread::scope(|s| {
+            for mine in parts {
+                let fill_chunk = &fill_chunk;
+                s.spawn(move || {
+                    for (c, part) in mine {
+                        fill_chunk(c, part);
+                    }
+                });
+            }
+        });
     }
     Ok(out)
+}
+
+fn put_float(dtype: DType, cell: &mut [u8], v: f64) {
+    match dtype {
+        DType::F64 => cell.copy_from_slice(&v.to_le_bytes()),
+        DType::F32 => cell.copy_from_slice(&(v as f32).to_le_bytes()),
+        DType::F16 => cell.copy_from_slice(&f16::from_f64(v).to_le_bytes()),
+        DType::Bf16 => cell.copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
+        _ => unreachable!("float draws go to float buffers"),
+    }
+}
+
+fn put_int(dtype: DType, cell: &mut [u8], v: i64) {
+    match dtype {
+        DType::I64 | DType::U64 => cell.copy_from_slice(&v.to_le_bytes()),
+        DType::I32 | DType::U32 => cell.copy_from_slice(&(v as i32).to_le_bytes()),
+        DType::I16 | DType::U16 => cell.copy_from_slice(&(v as i16).to_le_bytes()),
+        DType::I8 | DType::U8 => cell[0] = v as u8,
+        _ => unreachable!("integer draws go to integer buffers"),
+    }
 }
 
 /// Every input buffer of a shape (in-out buffers included), by parameter order.
@@ -243,6 +294,35 @@ mod tests {
         )
         .unwrap();
         assert!((0..100).all(|i| (2.0..=3.0).contains(&element(DType::Bf16, &h, i))));
+    }
+
+    #[test]
+    fn large_buffers_are_drawn_in_parallel_chunks_that_depend_only_on_the_seed() {
+        let s = spec();
+        let b = buf(
+            DType::F32,
+            Distribution::Normal {
+                mean: 0.0,
+                std: 1.0,
+            },
+        );
+        let n = PARALLEL_FROM + 3 * CHUNK + 17;
+        let big = fill(&b, &s, &[0, 0], n, 11, Variation::Declared).unwrap();
+        assert_eq!(big.len(), n * 4);
+        // The first chunk is what a small buffer of the same seed holds.
+        let small = fill(&b, &s, &[0, 0], 1000, 11, Variation::Declared).unwrap();
+        assert_eq!(&big[..4000], &small[..]);
+        // Every chunk is drawn from its own generator, the same on every call.
+        assert_eq!(
+            big,
+            fill(&b, &s, &[0, 0], n, 11, Variation::Declared).unwrap()
+        );
+        let c1 = &big[CHUNK * 4..CHUNK * 4 + 64];
+        assert_ne!(c1, &big[..64], "chunks differ");
+        let mean = (0..n).map(|i| element(DType::F32, &big, i)).sum::<f64>() / n as f64;
+        assert!(mean.abs() < 0.01, "{mean}");
+        let last = element(DType::F32, &big, n - 1);
+        assert!(last.is_finite() && last != 0.0);
     }
 
     #[test]

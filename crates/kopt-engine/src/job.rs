@@ -22,6 +22,12 @@ pub struct KernelVersion {
     pub defines: BTreeMap<String, i64>,
     #[serde(default)]
     pub options: Vec<String>,
+    /// PTX compiled ahead of the job (by the search's CPU compile pool) from exactly this
+    /// source, entry and options for the worker's architecture: the worker loads it
+    /// instead of running NVRTC itself. Part of the job, so part of the evaluation
+    /// cache's key: a different PTX is a different evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx: Option<String>,
 }
 
 impl KernelVersion {
@@ -34,6 +40,7 @@ impl KernelVersion {
             launch: spec.launch.clone(),
             defines: spec.default_defines(),
             options: spec.options.clone(),
+            ptx: None,
         }
     }
 
@@ -46,6 +53,7 @@ impl KernelVersion {
             launch: v.launch.clone(),
             defines: v.defines.clone(),
             options: v.options.clone(),
+            ptx: None,
         }
     }
 
@@ -197,7 +205,28 @@ pub fn held_out_shapes(
     per_shape: usize,
     max_bytes: u64,
 ) -> Vec<ShapeCase> {
-    let defines = spec.default_defines();
+    held_out_shapes_for(
+        spec,
+        &spec.default_defines(),
+        region,
+        seed,
+        per_shape,
+        max_bytes,
+    )
+}
+
+/// [`held_out_shapes`] for a version built with `defines` (a search point): the
+/// constraints and the launch rule are evaluated with those values, so that a shape the
+/// version cannot run (`cols % VEC != 0` with its `VEC`) is never chosen.
+pub fn held_out_shapes_for(
+    spec: &KernelSpec,
+    defines: &BTreeMap<String, i64>,
+    region: Option<&Expr>,
+    seed: u64,
+    per_shape: usize,
+    max_bytes: u64,
+) -> Vec<ShapeCase> {
+    let defines = defines.clone();
     let ints: Vec<String> = spec
         .scalars()
         .filter(|s| !s.ty.is_float())
@@ -413,6 +442,43 @@ mod tests {
             held_out_shapes(&spec, None, 42, 2, 1000).is_empty(),
             "memory cap"
         );
+    }
+
+    #[test]
+    fn held_out_shapes_respect_the_versions_own_defines() {
+        let item = kopt_spec::spec::parse_item(
+            "fn k(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        let spec = kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", x: [rows * cols], y: [rows], grid = rows, block = 256, shapes = [{ rows: 64, cols: 4096 }, { rows: 16, cols: 65536 }], tunables = { VEC: [1, 2, 4, 8] }, constraints = [cols % VEC == 0]"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0;
+        let odd = |shapes: &[ShapeCase]| {
+            shapes
+                .iter()
+                .any(|s| s.values["cols"].as_i64().unwrap() % 8 != 0)
+        };
+        // At the defaults (VEC=1) odd column counts are fair game...
+        let mut any_odd = false;
+        for seed in 0..20 {
+            any_odd |= odd(&held_out_shapes(&spec, None, seed, 3, 1 << 30));
+        }
+        assert!(any_odd);
+        // ... but never for a version built with VEC=8.
+        let mut d = spec.default_defines();
+        d.insert("VEC".into(), 8);
+        for seed in 0..20 {
+            let shapes = held_out_shapes_for(&spec, &d, None, seed, 3, 1 << 30);
+            assert!(!shapes.is_empty());
+            assert!(!odd(&shapes), "{shapes:?}");
+        }
     }
 
     #[test]

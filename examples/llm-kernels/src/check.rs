@@ -8,7 +8,7 @@ use kopt::{f16, Kernel, Reason};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 
-use crate::{cpu, gqa_decode, reduce_sum, rmsnorm, softmax};
+use crate::{cpu, gqa_decode, reduce_sum, rmsnorm, row_sum, softmax};
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -141,6 +141,24 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
             &[0.5 + cpu::sum(&x)],
             1e-4,
             1e-2,
+        ));
+    }
+
+    for &(rows, cols) in &[(16usize, 65536usize), (512, 2048), (7, 1001)] {
+        let x = normal_f32(rows * cols, 0.0, 31 + rows as u64);
+        let dx = stream.clone_htod(&x)?;
+        let mut dy = poisoned::<f32>(stream, rows, f32::NAN)?;
+        row_sum(stream, &dx, &mut dy, rows as u32, cols as u32)?;
+        let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|&v| v as f64).collect();
+        let ran = ran(&crate::ROW_SUM, stream, &[rows as i64, cols as i64])?;
+        checks.push(compare(
+            "row_sum",
+            format!("{rows}x{cols}"),
+            ran,
+            &y,
+            &cpu::row_sum(&x, rows, cols),
+            1e-4,
+            1e-3,
         ));
     }
 

@@ -30,6 +30,12 @@ pub fn sum(x: &[f32]) -> f64 {
     x.iter().map(|&v| v as f64).sum()
 }
 
+pub fn row_sum(x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+    (0..rows)
+        .map(|r| sum(&x[r * cols..(r + 1) * cols]))
+        .collect()
+}
+
 /// q: [b, hq, d]; k, v: [b, hkv, s, d].
 #[allow(clippy::too_many_arguments)]
 pub fn gqa_decode(

@@ -102,5 +102,34 @@ pub fn gqa_decode(
     seq_len: u32,
 );
 
+/// Row sums of a `rows x cols` fp32 matrix: the normaliser of a sampling step over a
+/// batch of vocabulary-sized rows, and a norm-like reduction over hidden dimensions.
+/// Written with the launch configuration as tunables (216 valid combinations), the
+/// defaults a cautious author picks.
+#[kopt::kernel(
+    reference = "kernels/row_sum.cu",
+    entry = "row_sum_f32",
+    x: [rows * cols],
+    y: [rows] tol(rtol = 1e-4, atol = 1e-3),
+    grid = ceil_div(rows, ROWS_PER_BLOCK),
+    block = BLOCK,
+    shapes = [{ rows: 64, cols: 16384 }, { rows: 512, cols: 2048 }],
+    flops = rows * cols,
+    tunables = {
+        BLOCK: 256 in [32, 64, 128, 256, 512, 1024],
+        VEC: 1 in [1, 2, 4, 8],
+        ROWS_PER_BLOCK: 1 in [1, 2, 4, 8],
+        UNROLL: 1 in [1, 2, 4],
+    },
+    constraints = [BLOCK % (32 * ROWS_PER_BLOCK) == 0, cols % VEC == 0],
+)]
+pub fn row_sum(
+    stream: &CudaStream,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    rows: u32,
+    cols: u32,
+);
+
 /// Every kernel of the crate, for tools and the example binary.
-pub static KERNELS: [&kopt::Kernel; 4] = [&SOFTMAX, &RMSNORM, &REDUCE_SUM, &GQA_DECODE];
+pub static KERNELS: [&kopt::Kernel; 5] = [&SOFTMAX, &RMSNORM, &REDUCE_SUM, &GQA_DECODE, &ROW_SUM];

@@ -111,6 +111,9 @@ impl CudaBackend {
         })
     }
 
+    /// Compiles a version with NVRTC, or loads the PTX the parent compiled ahead
+    /// ([`KernelVersion::ptx`]), and loads its entry point; modules are kept per source,
+    /// options, entry, architecture and PTX.
     fn compile(&mut self, v: &KernelVersion) -> (Option<CudaFunction>, CompileReport) {
         let options = v.compile_options();
         let key = crate::cache::hash_parts(&[
@@ -118,6 +121,7 @@ impl CudaBackend {
             &options.join("\u{1}"),
             &v.entry,
             &self.info.arch,
+            v.ptx.as_deref().unwrap_or(""),
         ]);
         if let Some((f, r)) = self.modules.get(&key) {
             let mut r = r.clone();
@@ -129,12 +133,16 @@ impl CudaBackend {
             self.info.compute_capability.0 as i32,
             self.info.compute_capability.1 as i32,
         );
-        let result = kopt::compile_ptx("candidate", &v.id, &v.source, &opts, cc)
-            .map_err(|e| match e {
-                kopt::Error::Compile { log, .. } => log,
-                other => other.to_string(),
-            })
-            .and_then(|ptx| {
+        let compiled = match &v.ptx {
+            Some(ptx) => Ok(cudarc::nvrtc::Ptx::from_src(ptx.clone())),
+            None => {
+                kopt::compile_ptx("candidate", &v.id, &v.source, &opts, cc).map_err(|e| match e {
+                    kopt::Error::Compile { log, .. } => log,
+                    other => other.to_string(),
+                })
+            }
+        };
+        let result = compiled.and_then(|ptx| {
                 let module = self.ctx.load_module(ptx).map_err(|e| format!("module load: {e:?}"))?;
                 let f = module.load_function(&v.entry).map_err(|e| format!("no function `{}` in the module: {e:?}", v.entry))?;
                 let optin = self.info.max_shared_per_block_optin as i32;

@@ -13,9 +13,27 @@
 //! // kopt-fake: fault                   illegal address: the worker exits
 //! // kopt-fake: hang                    never returns (the parent's watchdog must act)
 //! // kopt-fake: crash                   the process aborts
+//! // kopt-fake: delay-ms 40              each evaluation takes 40 ms more (interruption tests)
+//! // kopt-fake: wrong-if TOKEN BUFFER    BUFFER is wrong when the version matches TOKEN
+//! // kopt-fake: time-table TOKEN:F ...   a timing model over defines and options (below)
 //! ```
 //!
 //! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs.
+//!
+//! **Timing model.** Searches build every candidate from the same source with other
+//! defines and options, so source directives alone cannot tell their times apart. A
+//! `time-table` line lists `TOKEN:FACTOR` pairs; a TOKEN is a define (`VEC=4`), an option
+//! as the candidate passes it (`--use_fast_math`, `--maxrregcount=64`), or several joined
+//! by `&` (`BLOCK=1024&VEC=8`, all must match). A version's time is the base time above
+//! times the FACTOR of every pair it matches, over every `time-table` line; the reference
+//! is timed by the same model (so the reference's own defines cost what they cost), and
+//! `speedup` and `slower-on` then apply to the candidate as usual. `wrong-if` uses the same
+//! TOKENs: `// kopt-fake: wrong-if --use_fast_math y` makes `y` fail every check of a
+//! candidate built with fast math.
+//!
+//! [`fake_compile`] is the parent-side twin of the fake device's compiler: it fails where
+//! `compile-error` says so and otherwise returns a pseudo-PTX text that depends on the
+//! source, entry and options, as real PTX does; a job carrying PTX is loaded as is.
 
 use std::collections::BTreeMap;
 
@@ -100,19 +118,83 @@ impl Directives {
     }
 }
 
+/// Whether a version matches a TOKEN of `time-table` or `wrong-if`: `NAME=VALUE` for a
+/// define, an option as passed, or several joined by `&`.
+fn matches(v: &KernelVersion, token: &str) -> bool {
+    token.split('&').all(|t| {
+        if t.starts_with('-') {
+            v.options.iter().any(|o| o == t)
+        } else {
+            match t.split_once('=') {
+                Some((name, value)) => v
+                    .defines
+                    .get(name)
+                    .is_some_and(|d| value.parse::<i64>().ok() == Some(*d)),
+                None => false,
+            }
+        }
+    })
+}
+
+/// The `time-table` factor of a version (1 without a table).
+fn table_factor(d: &Directives, v: &KernelVersion) -> f64 {
+    let mut f = 1.0;
+    for words in d.all("time-table") {
+        for pair in words {
+            if let Some((token, factor)) = pair.rsplit_once(':') {
+                if let Ok(factor) = factor.parse::<f64>() {
+                    if matches(v, token) {
+                        f *= factor;
+                    }
+                }
+            }
+        }
+    }
+    f
+}
+
+/// What the parent's compile pool produces for a version on the fake device: the
+/// compile error `compile-error` asks for, or a pseudo-PTX text that changes with the
+/// source, the entry point and the options.
+pub fn fake_compile(v: &KernelVersion) -> Result<String, String> {
+    let d = Directives::parse(&v.source);
+    if let Some((line, words)) = d.get("compile-error") {
+        return Err(compile_error_log(line, words));
+    }
+    let options = v.compile_options();
+    Ok(format!(
+        "// kopt fake PTX\n// source {}\n// options {}\n.visible .entry {}()\n",
+        crate::cache::hash_parts(&[&v.source]),
+        options.join(" "),
+        v.entry
+    ))
+}
+
+fn compile_error_log(line: usize, words: &[String]) -> String {
+    format!(
+        "kernel.cu({line}): error: {}\n\n1 error detected in the compilation of \"kernel.cu\".",
+        words.join(" ")
+    )
+}
+
 fn compile(v: &KernelVersion, compiled: &mut BTreeMap<String, ()>) -> CompileReport {
     let d = Directives::parse(&v.source);
     let options = v.compile_options();
-    if let Some((line, words)) = d.get("compile-error") {
+    if let (None, Some((line, words))) = (&v.ptx, d.get("compile-error")) {
         return CompileReport {
             ok: false,
-            log: format!("kernel.cu({line}): error: {}\n\n1 error detected in the compilation of \"kernel.cu\".", words.join(" ")),
+            log: compile_error_log(line, words),
             options,
             cached: false,
             attributes: None,
         };
     }
-    let key = crate::cache::hash_parts(&[&v.source, &options.join(" "), &v.entry]);
+    let key = crate::cache::hash_parts(&[
+        &v.source,
+        &options.join(" "),
+        &v.entry,
+        v.ptx.as_deref().unwrap_or(""),
+    ]);
     let cached = compiled.insert(key, ()).is_some();
     CompileReport {
         ok: true,
@@ -161,6 +243,12 @@ impl Backend for FakeBackend {
         };
         if !report.reference.ok || !report.candidate.ok {
             return report;
+        }
+        if let Some(ms) = d
+            .get("delay-ms")
+            .and_then(|(_, w)| w.first()?.parse::<u64>().ok())
+        {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         for case in &job.shapes {
             progress(&format!("shape {}", case.label));
@@ -241,6 +329,12 @@ impl Backend for FakeBackend {
                             {
                                 wrong_at = Some(0);
                             }
+                            if d.all("wrong-if").any(|w| {
+                                w.first().is_some_and(|t| matches(&job.candidate, t))
+                                    && w.get(1) == Some(&b.name)
+                            }) {
+                                wrong_at = Some(0);
+                            }
                             let nan = d.all("nan").any(|w| w.first() == Some(&b.name));
                             fake_comparison(
                                 &b.name,
@@ -262,18 +356,20 @@ impl Backend for FakeBackend {
                         .any(|b| &b.name == name && b.direction == Direction::In)
                 })
                 .collect();
-            let ref_us = bytes as f64 / 3000e3 + 3.0;
-            let mut factor = d
-                .get("speedup")
-                .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
-                .map(|s| 1.0 / s)
-                .unwrap_or(1.0);
+            let base_us = bytes as f64 / 3000e3 + 3.0;
+            let ref_us = base_us * table_factor(&d, &job.reference);
+            let table = table_factor(&d, &job.candidate) / table_factor(&d, &job.reference);
+            let mut factor = table
+                * d.get("speedup")
+                    .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
+                    .map(|s| 1.0 / s)
+                    .unwrap_or(1.0);
             for w in d.all("slower-on") {
                 if let (Some(pat), Some(f)) =
                     (w.first(), w.get(1).and_then(|f| f.parse::<f64>().ok()))
                 {
                     if case.label.contains(pat.as_str()) {
-                        factor = f;
+                        factor = table * f;
                     }
                 }
             }

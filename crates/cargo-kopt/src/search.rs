@@ -1,0 +1,1392 @@
+//! `cargo kopt search` and `cargo kopt search-bench`: the search of `kopt-search` over a
+//! gathered kernel, evaluated by the engine.
+//!
+//! - Points are compiled on CPU threads ([`NvrtcCompiler`]: NVRTC through
+//!   `kopt::compile_ptx`, for the device's `compute_XY` as the generated launchers do; the
+//!   fake device's pseudo-compiler under `KOPT_WORKER=fake`), and the worker loads the PTX
+//!   instead of compiling ([`KernelVersion::ptx`]).
+//! - Each point is evaluated by one engine job on the declared shapes (checks on fresh
+//!   inputs, then timing against the reference in the same job) with a lighter timing
+//!   policy than `verify` ([`search_timing`]); the best point (and the best of each
+//!   shape) is then verified in full: held-out shapes chosen for its own defines, the
+//!   default timing policy, every fence.
+//! - `--seeded` derives [`SnapshotHints`] from the reference's own evaluation (registers,
+//!   occupancy, effective bandwidth and grid size of the shape that takes the reference
+//!   longest) and the widest global load of its PTX, and seeds the search with the
+//!   built-in heuristic's matrix; `--matrix FILE` takes an agent's matrix instead,
+//!   `--hints FILE` a snapshot.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kopt_engine::engine::Engine;
+use kopt_engine::job::{held_out_shapes_for, shape_bytes, KernelVersion, TimingPolicy};
+use kopt_engine::protocol::{Ceilings, DeviceInfo};
+use kopt_engine::verdict::{Fence, Judge, Verdict};
+use kopt_search::bench::{self, Landscape, Row};
+use kopt_search::interesting::Interesting;
+use kopt_search::journal::{self, Header, SearchJournal};
+use kopt_search::run::{
+    self, Both, Budget, Compiled, Compiler, Control, Evaluator, Observer, Outcome, PointSpec,
+    Prior, Record, Settings, Status, Summary,
+};
+use kopt_search::seed::{self, Bottleneck, Guide, ParameterMatrix, SnapshotHints};
+use kopt_search::space::{Limits, OptionAxes, Space};
+use kopt_search::strategy::StrategyKind;
+use kopt_store::KoptDir;
+use serde::Serialize;
+
+use crate::eval::{self, kopt_dir};
+use crate::gather::{Gathered, Kernel};
+
+/// The timing policy of search evaluations: fewer samples than `verify` (a point is
+/// compared with the reference timed in the same job, alternating, so drift cancels),
+/// shorter graph replays (at least 100 µs, and at least one launch per cold input set),
+/// at most half a second per shape.
+pub fn search_timing() -> TimingPolicy {
+    TimingPolicy {
+        warmup: 3,
+        min_samples: 7,
+        max_samples: 60,
+        target_spread: 0.02,
+        max_seconds: 0.5,
+        graph_target_us: 100.0,
+        max_input_sets: 64,
+    }
+}
+
+/// The widest global load in PTX, in bytes per thread (`ld.global.nc.v4.f32`: 16).
+pub fn ptx_global_load_bytes(ptx: &str) -> Option<u32> {
+    let mut widest: Option<u32> = None;
+    for line in ptx.lines() {
+        let Some(at) = line.find("ld.global") else {
+            continue;
+        };
+        let op = line[at..].split_whitespace().next().unwrap_or("");
+        let mut vec = 1u32;
+        let mut size = 0u32;
+        for q in op.split('.').skip(2) {
+            match q {
+                "v2" => vec = 2,
+                "v4" => vec = 4,
+                "v8" => vec = 8,
+                _ => {
+                    let bits = q
+                        .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|_| matches!(q.as_bytes()[0], b'f' | b'b' | b'u' | b's'));
+                    if let Some(b) = bits {
+                        size = b / 8;
+                    }
+                }
+            }
+        }
+        if size > 0 {
+            widest = Some(widest.unwrap_or(0).max(vec * size));
+        }
+    }
+    widest
+}
+
+/// Compiles points on CPU threads: NVRTC, or the fake device's compiler.
+pub struct NvrtcCompiler {
+    pub template: KernelVersion,
+    pub cc: (i32, i32),
+    pub fake: bool,
+}
+
+impl NvrtcCompiler {
+    fn version(&self, p: &PointSpec) -> KernelVersion {
+        KernelVersion {
+            id: p.label.clone(),
+            defines: p.defines.clone(),
+            options: p.options.clone(),
+            ptx: None,
+            ..self.template.clone()
+        }
+    }
+
+    /// Compiles a version to PTX (or the fake device's pseudo-PTX).
+    pub fn compile_version(&self, v: &KernelVersion) -> Result<String, String> {
+        if self.fake {
+            return kopt_engine::worker::fake::fake_compile(v);
+        }
+        let options = v.compile_options();
+        let opts: Vec<&str> = options.iter().map(String::as_str).collect();
+        kopt::compile_ptx("search", &v.id, &v.source, &opts, self.cc)
+            .map(|ptx| ptx.to_src())
+            .map_err(|e| match e {
+                kopt::Error::Compile { log, .. } => log,
+                other => other.to_string(),
+            })
+    }
+}
+
+impl Compiler for NvrtcCompiler {
+    fn compile(&self, p: &PointSpec) -> Compiled {
+        let t = Instant::now();
+        match self.compile_version(&self.version(p)) {
+            Ok(code) => {
+                let mut metrics = BTreeMap::new();
+                if let Some(b) = ptx_global_load_bytes(&code) {
+                    metrics.insert("global_load_bytes".into(), f64::from(b));
+                }
+                Compiled::Ok {
+                    code,
+                    seconds: t.elapsed().as_secs_f64(),
+                    metrics,
+                }
+            }
+            Err(log) => Compiled::Failed {
+                log,
+                seconds: t.elapsed().as_secs_f64(),
+            },
+        }
+    }
+}
+
+/// The engine as the search's evaluator.
+pub struct EngineEvaluator<'a> {
+    pub g: &'a Gathered,
+    pub k: &'a Kernel,
+    pub engine: Engine,
+    pub settings: eval::Settings,
+    pub judge: Judge,
+    pub device: DeviceInfo,
+    pub compiler: Arc<NvrtcCompiler>,
+    /// The reference, with its PTX compiled once.
+    pub reference: KernelVersion,
+    /// Wall seconds per worker step (`compile`, `check (declared)`, `timing`...), summed
+    /// over every evaluation: where the device side spends its time.
+    pub steps: BTreeMap<String, f64>,
+}
+
+impl<'a> EngineEvaluator<'a> {
+    pub fn new(
+        g: &'a Gathered,
+        k: &'a Kernel,
+        mut engine: Engine,
+        settings: eval::Settings,
+    ) -> Result<Self, String> {
+        let device = engine.device().map_err(|e| e.to_string())?;
+        let ceilings = engine.ceilings(false).ok();
+        let fake = engine.worker.command().is_fake();
+        let template = KernelVersion::reference(&k.spec, &k.reference.text);
+        let compiler = Arc::new(NvrtcCompiler {
+            template: template.clone(),
+            cc: (
+                device.compute_capability.0 as i32,
+                device.compute_capability.1 as i32,
+            ),
+            fake,
+        });
+        let mut reference = template;
+        reference.ptx = Some(compiler.compile_version(&reference).map_err(|log| {
+            format!(
+                "the reference of `{}` does not compile: {}",
+                k.spec.name,
+                log.lines().take(6).collect::<Vec<_>>().join("\n")
+            )
+        })?);
+        let mut judge = Judge::new(ceilings);
+        judge.threshold = settings.threshold;
+        Ok(EngineEvaluator {
+            g,
+            k,
+            engine,
+            settings,
+            judge,
+            device,
+            compiler,
+            reference,
+            steps: BTreeMap::new(),
+        })
+    }
+
+    pub fn ceilings(&self) -> Option<&Ceilings> {
+        self.judge.ceilings.as_ref()
+    }
+
+    fn version(&self, p: &PointSpec, code: Option<&str>) -> KernelVersion {
+        KernelVersion {
+            id: p.label.clone(),
+            defines: p.defines.clone(),
+            options: p.options.clone(),
+            ptx: code.map(String::from),
+            ..KernelVersion::reference(&self.k.spec, &self.k.reference.text)
+        }
+    }
+
+    /// A search evaluation: the declared shapes, the settings' timing policy.
+    fn evaluate_version(
+        &mut self,
+        v: KernelVersion,
+        progress: &mut dyn FnMut(&str),
+    ) -> (Outcome, Verdict) {
+        let mut job = eval::job(self.g, self.k, v, None, &self.settings, true);
+        job.reference = self.reference.clone();
+        let t = Instant::now();
+        let mut last = (Instant::now(), "sending the job".to_string());
+        let steps = &mut self.steps;
+        let ev = self.engine.evaluate(&job, &mut |m: &str| {
+            *steps.entry(last.1.clone()).or_default() += last.0.elapsed().as_secs_f64();
+            let kind = m.rsplit(": ").next().unwrap_or(m).to_string();
+            last = (Instant::now(), kind);
+            progress(m)
+        });
+        *steps.entry(last.1).or_default() += last.0.elapsed().as_secs_f64();
+        let verdict = self.judge.judge(&ev.report);
+        let mut o = outcome(&self.k.spec, &self.device, &ev.report, &verdict);
+        o.seconds = t.elapsed().as_secs_f64();
+        o.cached = ev.cached;
+        (o, verdict)
+    }
+
+    /// The full verification of one point: held-out shapes valid for its defines, the
+    /// default timing policy, every fence.
+    pub fn verify(&mut self, p: &PointSpec, progress: &mut dyn FnMut(&str)) -> Verdict {
+        let code = self.compiler.compile_version(&self.version(p, None)).ok();
+        let v = self.version(p, code.as_deref());
+        let settings = eval::Settings {
+            timing: TimingPolicy::default(),
+            held_out_per_shape: 0,
+            ..self.settings.clone()
+        };
+        let mut job = eval::job(self.g, self.k, v, None, &settings, true);
+        job.reference = self.reference.clone();
+        let spec = &self.k.spec;
+        let max_bytes = spec
+            .shapes
+            .iter()
+            .map(|s| shape_bytes(spec, &spec.shape_args(s)))
+            .max()
+            .unwrap_or(0)
+            * 2;
+        let salt = kopt_engine::engine::seed_salt(&kopt_dir(self.g));
+        job.shapes.extend(held_out_shapes_for(
+            spec,
+            &p.defines,
+            None,
+            salt ^ 0x5EED,
+            1,
+            max_bytes,
+        ));
+        let ev = self.engine.evaluate(&job, progress);
+        self.judge.judge(&ev.report)
+    }
+}
+
+/// The outcome of a search evaluation: failed on any fence but the watchdog (a slower
+/// point is a valid point with a higher cost), else the weighted geometric mean of the
+/// point's time over the reference's on each timed declared shape.
+fn outcome(
+    spec: &kopt_spec::KernelSpec,
+    device: &DeviceInfo,
+    report: &Result<kopt_engine::protocol::EvalReport, kopt_engine::parent::WorkerFailure>,
+    verdict: &Verdict,
+) -> Outcome {
+    let failure = verdict.failures.iter().find(|f| f.fence != Fence::Watchdog);
+    let mut o = match failure {
+        Some(f) => Outcome::failed(
+            Status::Failed,
+            f.fence.name(),
+            format!(
+                "{}{}",
+                f.shape
+                    .as_ref()
+                    .map(|s| format!("[{s}] "))
+                    .unwrap_or_default(),
+                f.message
+            ),
+        ),
+        None => {
+            let weights: BTreeMap<String, f64> = spec
+                .shapes
+                .iter()
+                .map(|s| (kopt_spec::spec::shape_label(s), s.weight))
+                .collect();
+            let mut log_sum = 0.0;
+            let mut w_sum = 0.0;
+            for f in verdict.shapes.iter().filter(|f| !f.held_out) {
+                if let (Some(r), Some(c)) = (f.reference_us, f.candidate_us) {
+                    let w = weights.get(&f.shape).copied().unwrap_or(1.0);
+                    log_sum += w * (c / r).ln();
+                    w_sum += w;
+                }
+            }
+            if w_sum > 0.0 {
+                Outcome::passed((log_sum / w_sum).exp())
+            } else {
+                Outcome::failed(
+                    Status::Failed,
+                    "timing",
+                    "no declared shape was timed".into(),
+                )
+            }
+        }
+    };
+    for f in verdict.shapes.iter().filter(|f| !f.held_out) {
+        if let Some(c) = f.candidate_us {
+            o.shapes_us.insert(f.shape.clone(), c);
+        }
+        if let Some(r) = f.reference_us {
+            o.reference_us.insert(f.shape.clone(), r);
+        }
+    }
+    // Metrics of the shape that takes the reference longest (the snapshot's focus).
+    let focus = verdict
+        .shapes
+        .iter()
+        .filter(|f| !f.held_out)
+        .max_by(|a, b| {
+            a.reference_us
+                .unwrap_or(0.0)
+                .total_cmp(&b.reference_us.unwrap_or(0.0))
+        });
+    if let Some(f) = focus {
+        if let Some(v) = f.occupancy_pct {
+            o.metrics.insert("occupancy_pct".into(), v);
+        }
+        if let Some(v) = f.copy_bandwidth_pct {
+            o.metrics.insert("copy_bandwidth_pct".into(), v);
+        }
+        if let Ok(r) = report {
+            if let Some(g) = r
+                .shapes
+                .iter()
+                .find(|s| s.label == f.shape)
+                .and_then(|s| s.candidate.as_ref())
+            {
+                let blocks: f64 = g.geometry.grid.iter().map(|x| f64::from(*x)).product();
+                o.metrics.insert(
+                    "grid_blocks_per_sm".into(),
+                    blocks / f64::from(device.multiprocessors.max(1)),
+                );
+            }
+        }
+    }
+    if let Ok(r) = report {
+        if let Some(a) = r.candidate.attributes {
+            o.metrics.insert("registers".into(), f64::from(a.registers));
+            o.metrics
+                .insert("local_bytes".into(), f64::from(a.local_bytes));
+        }
+    }
+    o
+}
+
+impl Evaluator for EngineEvaluator<'_> {
+    fn compiler(&self) -> Option<Arc<dyn Compiler>> {
+        Some(self.compiler.clone())
+    }
+
+    fn evaluate(
+        &mut self,
+        p: &PointSpec,
+        compiled: Option<&Compiled>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Outcome {
+        let code = match compiled {
+            Some(Compiled::Ok { code, .. }) => Some(code.as_str()),
+            _ => None,
+        };
+        let v = self.version(p, code);
+        self.evaluate_version(v, progress).0
+    }
+}
+
+/// A snapshot from the reference's own evaluation: the bottleneck of the shape that
+/// takes it longest.
+pub fn hints_from_reference(reference: &Outcome) -> SnapshotHints {
+    let m = &reference.metrics;
+    let get = |k: &str| m.get(k).copied();
+    let occupancy = get("occupancy_pct");
+    let registers = get("registers").map(|v| v as u32);
+    let bw = get("copy_bandwidth_pct");
+    let class = if occupancy.is_some_and(|o| o < 50.0) && registers.is_some_and(|r| r > 64) {
+        Bottleneck::OccupancyLimited
+    } else if bw.is_some_and(|b| b >= 60.0) {
+        Bottleneck::MemoryBound
+    } else if bw.is_some() {
+        Bottleneck::LatencyBound
+    } else {
+        Bottleneck::Unknown
+    };
+    SnapshotHints {
+        class,
+        occupancy_pct: occupancy,
+        registers,
+        local_bytes: get("local_bytes").map(|v| v as u32),
+        global_load_bytes: get("global_load_bytes").map(|v| v as u32),
+        grid_blocks_per_sm: get("grid_blocks_per_sm"),
+        copy_bandwidth_pct: bw,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The command.
+
+/// What `cargo kopt search` was asked.
+#[derive(Debug, Clone)]
+pub struct SearchOptions {
+    pub strategy: StrategyKind,
+    pub seeded: bool,
+    pub matrix: Option<PathBuf>,
+    pub hints: Option<PathBuf>,
+    pub budget_evals: Option<usize>,
+    pub budget_seconds: Option<f64>,
+    pub seed: u64,
+    pub options: OptionAxes,
+    pub resume: Option<String>,
+    pub keep_rounds: usize,
+    pub threads: Option<usize>,
+    pub eval: eval::Settings,
+    pub step_timeout: u64,
+    /// Skip the full verification of the best points.
+    pub no_verify: bool,
+}
+
+/// A row of the leaderboard.
+#[derive(Debug, Clone, Serialize)]
+pub struct Placed {
+    pub label: String,
+    pub cost: f64,
+    /// Reference time over the point's (geometric mean over shapes).
+    pub speedup: f64,
+    pub shapes_us: BTreeMap<String, f64>,
+    pub reference_us: BTreeMap<String, f64>,
+}
+
+/// The best of one declared shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShapeBest {
+    pub shape: String,
+    pub label: String,
+    pub us: f64,
+    pub reference_us: Option<f64>,
+    /// `accepted`, or the full verification's main failure.
+    pub verified: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SearchReport {
+    pub package: String,
+    pub kernel: String,
+    pub run_id: String,
+    pub journal: PathBuf,
+    pub device: DeviceInfo,
+    pub strategy: StrategyKind,
+    pub seed: u64,
+    pub seeded: bool,
+    pub space: SpaceSummary,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hints: Option<SnapshotHints>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matrix: Option<ParameterMatrix>,
+    pub stop: String,
+    pub evaluations: usize,
+    pub replayed: usize,
+    pub compile_failures: usize,
+    pub failures: usize,
+    pub seconds: f64,
+    pub evaluations_per_second: f64,
+    pub dropped: Vec<String>,
+    pub interesting: Vec<(String, String)>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best: Option<Placed>,
+    /// The full verification of the best point.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_verified: Option<Verdict>,
+    pub per_shape: Vec<ShapeBest>,
+    pub leaderboard: Vec<Placed>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpaceSummary {
+    pub axes: Vec<String>,
+    pub raw: u64,
+    pub valid: usize,
+    pub pruned: kopt_search::space::Pruned,
+}
+
+fn space_summary(space: &Space) -> SpaceSummary {
+    SpaceSummary {
+        axes: space
+            .axes
+            .iter()
+            .map(|a| format!("{} {:?}", a.name, a.values))
+            .collect(),
+        raw: space.raw,
+        valid: space.len(),
+        pruned: space.pruned.clone(),
+    }
+}
+
+fn placed(r: &Record) -> Option<Placed> {
+    let c = r.outcome.cost?;
+    Some(Placed {
+        label: r.label.clone(),
+        cost: c,
+        speedup: 1.0 / c,
+        shapes_us: r.outcome.shapes_us.clone(),
+        reference_us: r.outcome.reference_us.clone(),
+    })
+}
+
+/// The progress bar: points done, the best so far, what the device is doing.
+pub struct Progress {
+    bar: indicatif::ProgressBar,
+}
+
+impl Progress {
+    pub fn new(len: u64, hidden: bool) -> Self {
+        if hidden {
+            return Progress {
+                bar: indicatif::ProgressBar::hidden(),
+            };
+        }
+        let bar = indicatif::ProgressBar::new(len);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {pos}/{len} points {elapsed:>4} | best: {prefix} | {wide_msg}",
+            )
+            .expect("valid template"),
+        );
+        bar.set_prefix("–");
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        Progress { bar }
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Observer for Progress {
+    fn record(&mut self, _space: &Space, r: &Record, best: Option<&Record>) -> Control {
+        self.bar.inc(1);
+        if let Some(b) = best.and_then(|b| Some((b, b.outcome.cost?))) {
+            self.bar
+                .set_prefix(format!("{} ({:.2}x)", b.0.label, 1.0 / b.1));
+        }
+        self.bar.set_message(format!(
+            "{}: {}",
+            r.label,
+            match r.outcome.cost {
+                Some(c) => format!("{:.2}x", 1.0 / c),
+                None => r.outcome.failure.clone().unwrap_or_default(),
+            }
+        ));
+        Control::Continue
+    }
+
+    fn progress(&mut self, message: &str) {
+        self.bar.set_message(message.to_string());
+    }
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: not {what} ({e})", path.display()))
+}
+
+/// Builds the evaluator, the space and (seeded) the guide.
+fn setup<'a>(
+    g: &'a Gathered,
+    k: &'a Kernel,
+    eval_settings: &eval::Settings,
+    step_timeout: u64,
+    options: &OptionAxes,
+) -> Result<(EngineEvaluator<'a>, Space), String> {
+    let mut engine = eval::engine(g, eval_settings)?;
+    engine.worker.step_timeout = std::time::Duration::from_secs(step_timeout);
+    let ev = EngineEvaluator::new(g, k, engine, eval_settings.clone())?;
+    let space = Space::build(&k.spec, &Limits::from_device(&ev.device), options)
+        .map_err(|e| e.to_string())?;
+    Ok((ev, space))
+}
+
+/// The reference's point evaluated, for the snapshot.
+fn measure_reference(
+    ev: &mut EngineEvaluator<'_>,
+    space: &Space,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Outcome, String> {
+    let p = match space.default_point() {
+        Some(id) => PointSpec::of(space, id),
+        None => PointSpec {
+            id: usize::MAX,
+            label: "reference".into(),
+            defines: ev.reference.defines.clone(),
+            options: ev.reference.options.clone(),
+        },
+    };
+    let compiled = ev.compiler.compile(&p);
+    let mut o = ev.evaluate(&p, Some(&compiled), progress);
+    if let Compiled::Ok { metrics, .. } = &compiled {
+        for (k, v) in metrics {
+            o.metrics.entry(k.clone()).or_insert(*v);
+        }
+    }
+    if o.cost.is_none() {
+        return Err(format!(
+            "the reference of `{}` does not pass its own evaluation ({}: {}): fix the kernel or its annotation first (`cargo kopt verify` shows the details)",
+            ev.k.spec.name,
+            o.failure.as_deref().unwrap_or("?"),
+            o.detail.lines().next().unwrap_or("")
+        ));
+    }
+    Ok(o)
+}
+
+fn guide_for(
+    space: &Space,
+    spec: &kopt_spec::KernelSpec,
+    hints: Option<&SnapshotHints>,
+    matrix: Option<ParameterMatrix>,
+) -> Result<Option<Guide>, String> {
+    let m = match (matrix, hints) {
+        (Some(m), _) => m,
+        (None, Some(h)) => seed::heuristic(space, spec, h),
+        (None, None) => return Ok(None),
+    };
+    Guide::new(space, m).map(Some)
+}
+
+fn evaluation_json(settings: &eval::Settings, spec: &kopt_spec::KernelSpec) -> serde_json::Value {
+    serde_json::json!({
+        "timing": settings.timing,
+        "shapes": spec.shapes.iter().map(kopt_spec::spec::shape_label).collect::<Vec<_>>(),
+        "cache": settings.use_cache,
+    })
+}
+
+/// `cargo kopt search`.
+pub fn search(
+    g: &Gathered,
+    k: &Kernel,
+    o: &SearchOptions,
+    hidden: bool,
+) -> Result<SearchReport, String> {
+    let mut eval_settings = o.eval.clone();
+    eval_settings.timing = search_timing();
+    eval_settings.held_out_per_shape = 0;
+    let (mut ev, mut space) = setup(g, k, &eval_settings, o.step_timeout, &o.options)?;
+    let kopt = KoptDir::new(&g.target_dir);
+    let run_id = o
+        .resume
+        .clone()
+        .unwrap_or_else(kopt_store::layout::new_run_id);
+    let seeded = o.seeded || o.matrix.is_some() || o.hints.is_some();
+    let mut progress = Progress::new(0, hidden);
+    // The seed: recorded in the journal, so that a resumed run reuses it.
+    let recorded = match &o.resume {
+        Some(id) => Some(journal::read_header(&kopt, id)?),
+        None => None,
+    };
+    let (hints, matrix) = match &recorded {
+        Some(h) => (h.hints.clone(), h.matrix.clone()),
+        None if seeded => {
+            let matrix: Option<ParameterMatrix> = match &o.matrix {
+                Some(p) => Some(read_json(p, "a parameter matrix")?),
+                None => None,
+            };
+            let hints = match (&o.hints, &matrix) {
+                (Some(p), _) => Some(read_json::<SnapshotHints>(p, "snapshot hints")?),
+                (None, Some(_)) => None,
+                (None, None) => {
+                    progress
+                        .bar
+                        .set_message("measuring the reference for the seed");
+                    let r = measure_reference(&mut ev, &space, &mut |m| {
+                        progress.bar.set_message(m.to_string())
+                    })?;
+                    Some(hints_from_reference(&r))
+                }
+            };
+            let guide = guide_for(&space, &k.spec, hints.as_ref(), matrix)?;
+            (hints, guide.map(|g| g.matrix))
+        }
+        None => (None, None),
+    };
+    let guide = match &matrix {
+        Some(m) => Some(Guide::new(&space, m.clone())?),
+        None => None,
+    };
+    let header = Header {
+        kind: "search".into(),
+        package: k.package.clone(),
+        kernel: k.spec.name.clone(),
+        strategy: o.strategy,
+        seed: o.seed,
+        seeded,
+        space: space.fingerprint().into(),
+        points: space.len(),
+        options: o.options.clone(),
+        device: ev.device.identity(),
+        evaluation: evaluation_json(&eval_settings, &k.spec),
+        hints: hints.clone(),
+        matrix: matrix.clone(),
+    };
+    let budget = Budget {
+        evaluations: o.budget_evals.or(match (o.strategy, o.budget_seconds) {
+            (StrategyKind::Exhaustive, _) | (_, Some(_)) => None,
+            _ => Some(space.len().min(100)),
+        }),
+        seconds: o.budget_seconds,
+        target_cost: None,
+    };
+    let (mut j, prior) = match &o.resume {
+        Some(id) => SearchJournal::resume(&kopt, id, &header, &space)?,
+        None => (
+            SearchJournal::create(&kopt, &run_id, &header, &budget)?,
+            Prior::default(),
+        ),
+    };
+    let interesting = match &guide {
+        Some(gd) => Interesting::new(
+            gd.goals().to_vec(),
+            hints.as_ref().map(|h| h.metrics()).unwrap_or_default(),
+            o.keep_rounds,
+        ),
+        None => Interesting::none(),
+    };
+    let mut settings = Settings {
+        budget,
+        ..Settings::default()
+    };
+    if let Some(t) = o.threads {
+        settings.compile_threads = t.max(1);
+    }
+    progress.bar.set_length(
+        settings
+            .budget
+            .evaluations
+            .unwrap_or(space.len())
+            .min(space.len()) as u64,
+    );
+    let mut strategy = o.strategy.make(o.seed);
+    let summary = {
+        let mut both = Both(&mut j, &mut progress);
+        run::run(
+            &mut space,
+            strategy.as_mut(),
+            &mut ev,
+            guide.as_ref(),
+            interesting,
+            &settings,
+            prior,
+            &mut both,
+        )
+    };
+    if let Some(e) = j.error.take() {
+        progress.finish();
+        return Err(e);
+    }
+    j.finish(&summary)?;
+    // Full verification of the best point and of each shape's best.
+    let mut per_shape = best_per_shape(&summary);
+    let mut best_verified = None;
+    if !o.no_verify {
+        let mut verified: HashMap<String, Verdict> = HashMap::new();
+        let mut labels: Vec<(usize, String)> = Vec::new();
+        if let Some(b) = summary.best_record() {
+            labels.push((b.id, b.label.clone()));
+        }
+        for s in &per_shape {
+            if let Some(r) = summary.records.iter().find(|r| r.label == s.label) {
+                if !labels.iter().any(|(_, l)| l == &s.label) {
+                    labels.push((r.id, r.label.clone()));
+                }
+            }
+        }
+        for (id, label) in labels {
+            progress
+                .bar
+                .set_message(format!("verifying {label} in full"));
+            let v = ev.verify(&PointSpec::of(&space, id), &mut |m| {
+                progress.bar.set_message(m.to_string())
+            });
+            verified.insert(label, v);
+        }
+        for s in &mut per_shape {
+            s.verified = verified.get(&s.label).map(|v| v.summary());
+        }
+        best_verified = summary
+            .best_record()
+            .and_then(|b| verified.remove(&b.label));
+    }
+    progress.finish();
+    ev.engine.worker.shutdown();
+    Ok(report(
+        k,
+        &space,
+        &ev.device,
+        &summary,
+        ReportParts {
+            run_id: j.run_id().to_string(),
+            journal: j.dir().to_path_buf(),
+            strategy: o.strategy,
+            seed: o.seed,
+            seeded,
+            hints,
+            matrix,
+            per_shape,
+            best_verified,
+        },
+    ))
+}
+
+struct ReportParts {
+    run_id: String,
+    journal: PathBuf,
+    strategy: StrategyKind,
+    seed: u64,
+    seeded: bool,
+    hints: Option<SnapshotHints>,
+    matrix: Option<ParameterMatrix>,
+    per_shape: Vec<ShapeBest>,
+    best_verified: Option<Verdict>,
+}
+
+fn best_per_shape(s: &Summary) -> Vec<ShapeBest> {
+    let mut out: BTreeMap<String, ShapeBest> = BTreeMap::new();
+    for r in s.records.iter().filter(|r| r.outcome.cost.is_some()) {
+        for (shape, us) in &r.outcome.shapes_us {
+            let better = out.get(shape).is_none_or(|b| *us < b.us);
+            if better {
+                out.insert(
+                    shape.clone(),
+                    ShapeBest {
+                        shape: shape.clone(),
+                        label: r.label.clone(),
+                        us: *us,
+                        reference_us: r.outcome.reference_us.get(shape).copied(),
+                        verified: None,
+                    },
+                );
+            }
+        }
+    }
+    out.into_values().collect()
+}
+
+fn report(
+    k: &Kernel,
+    space: &Space,
+    device: &DeviceInfo,
+    s: &Summary,
+    parts: ReportParts,
+) -> SearchReport {
+    let mut board: Vec<&Record> = s
+        .records
+        .iter()
+        .filter(|r| r.outcome.cost.is_some() && space.allowed(r.id))
+        .collect();
+    board.sort_by(|a, b| {
+        a.outcome
+            .cost
+            .unwrap_or(f64::INFINITY)
+            .total_cmp(&b.outcome.cost.unwrap_or(f64::INFINITY))
+            .then(a.seq.cmp(&b.seq))
+    });
+    let evaluated_here = s.evaluations - s.replayed;
+    SearchReport {
+        package: k.package.clone(),
+        kernel: k.spec.name.clone(),
+        run_id: parts.run_id,
+        journal: parts.journal,
+        device: device.clone(),
+        strategy: parts.strategy,
+        seed: parts.seed,
+        seeded: parts.seeded,
+        space: space_summary(space),
+        hints: parts.hints,
+        matrix: parts.matrix,
+        stop: s.stop.describe().into(),
+        evaluations: s.evaluations,
+        replayed: s.replayed,
+        compile_failures: s.compile_failures,
+        failures: s
+            .records
+            .iter()
+            .filter(|r| r.outcome.cost.is_none())
+            .count(),
+        seconds: s.seconds,
+        evaluations_per_second: if s.seconds_here > 0.0 {
+            evaluated_here as f64 / s.seconds_here
+        } else {
+            0.0
+        },
+        dropped: s.dropped.clone(),
+        interesting: s
+            .records
+            .iter()
+            .filter_map(|r| r.interesting.clone().map(|w| (r.label.clone(), w)))
+            .collect(),
+        best: s.best_record().and_then(placed),
+        best_verified: parts.best_verified,
+        per_shape: parts.per_shape,
+        leaderboard: board.into_iter().take(10).filter_map(placed).collect(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The convergence benchmark.
+
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub seeds: u64,
+    /// Relative distance to the best that counts as converged (0.02).
+    pub target: f64,
+    pub live: bool,
+    pub options: OptionAxes,
+    pub strategies: Vec<StrategyKind>,
+    pub threads: Option<usize>,
+    pub eval: eval::Settings,
+    pub step_timeout: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub package: String,
+    pub kernel: String,
+    pub device: DeviceInfo,
+    pub space: SpaceSummary,
+    pub hints: SnapshotHints,
+    pub matrix: ParameterMatrix,
+    pub landscape: Landscape,
+    /// The exhaustive run, measured: every valid point once, compiled ahead on CPU
+    /// threads, no evaluation cache.
+    pub exhaustive_seconds: f64,
+    pub exhaustive_evaluations_per_second: f64,
+    /// Milliseconds per exhaustive evaluation spent in each worker step (the last step
+    /// includes sending the report back).
+    pub worker_ms_per_evaluation: BTreeMap<String, f64>,
+    /// CPU seconds NVRTC took per point, on the compile threads (overlapped).
+    pub compile_ms_per_point: f64,
+    /// How the strategies' seconds were obtained.
+    pub seconds_are: String,
+    pub target: f64,
+    pub rows: Vec<Row>,
+}
+
+/// `cargo kopt search-bench`.
+pub fn search_bench(
+    g: &Gathered,
+    k: &Kernel,
+    o: &BenchOptions,
+    hidden: bool,
+) -> Result<BenchReport, String> {
+    let mut eval_settings = o.eval.clone();
+    eval_settings.timing = search_timing();
+    eval_settings.held_out_per_shape = 0;
+    // Every evaluation is measured, never answered from the cache.
+    eval_settings.use_cache = false;
+    let (mut ev, space) = setup(g, k, &eval_settings, o.step_timeout, &o.options)?;
+    let mut progress = Progress::new(space.len() as u64, hidden);
+    progress
+        .bar
+        .set_message("measuring the reference for the seed");
+    let reference = measure_reference(&mut ev, &space, &mut |m| {
+        progress.bar.set_message(m.to_string())
+    })?;
+    let hints = hints_from_reference(&reference);
+    let guide = Guide::new(&space, seed::heuristic(&space, &k.spec, &hints))?;
+    let mut settings = Settings::default();
+    if let Some(t) = o.threads {
+        settings.compile_threads = t.max(1);
+    }
+    // The exhaustive run, live.
+    ev.steps.clear();
+    let mut sp = space.clone();
+    let mut ex = StrategyKind::Exhaustive.make(0);
+    let t = Instant::now();
+    let summary = run::run(
+        &mut sp,
+        ex.as_mut(),
+        &mut ev,
+        None,
+        Interesting::none(),
+        &settings,
+        Prior::default(),
+        &mut progress,
+    );
+    let exhaustive_seconds = t.elapsed().as_secs_f64();
+    let n = summary.evaluations.max(1) as f64;
+    let worker_ms_per_evaluation: BTreeMap<String, f64> = ev
+        .steps
+        .iter()
+        .map(|(k, v)| (k.clone(), 1000.0 * v / n))
+        .collect();
+    let compile_ms_per_point = 1000.0
+        * summary
+            .records
+            .iter()
+            .map(|r| r.outcome.compile_seconds)
+            .sum::<f64>()
+        / n;
+    let table: HashMap<usize, Outcome> = summary
+        .records
+        .iter()
+        .map(|r| (r.id, r.outcome.clone()))
+        .collect();
+    let landscape = bench::landscape(&space, &table, o.target);
+    let seeds: Vec<u64> = (0..o.seeds).collect();
+    let goals = guide.goals().to_vec();
+    let baseline = hints.metrics();
+    let interesting = || Interesting::new(goals.clone(), baseline.clone(), 8);
+    let rows = if o.live {
+        let Some(best) = landscape.best_cost else {
+            return Err("no point passed in the exhaustive run".into());
+        };
+        let mut rows = Vec::new();
+        for &kind in &o.strategies {
+            for seeded in [false, true] {
+                let seeds: &[u64] = if kind == StrategyKind::Exhaustive {
+                    &seeds[..1.min(seeds.len())]
+                } else {
+                    &seeds
+                };
+                let mut trials = Vec::new();
+                for &s in seeds {
+                    progress.bar.set_message(format!(
+                        "{kind}{} seed {s}",
+                        if seeded { " seeded" } else { "" }
+                    ));
+                    trials.push(bench::trial(
+                        &space,
+                        &mut ev,
+                        kind,
+                        s,
+                        seeded.then_some(&guide),
+                        if seeded {
+                            interesting()
+                        } else {
+                            Interesting::none()
+                        },
+                        best * (1.0 + o.target),
+                        &settings,
+                        false,
+                    ));
+                }
+                rows.push(bench::row(kind, seeded, trials));
+            }
+        }
+        rows
+    } else {
+        bench::convergence(
+            &space,
+            &table,
+            Some(&guide),
+            &interesting,
+            &o.strategies,
+            &seeds,
+            o.target,
+            &settings,
+        )
+    };
+    progress.finish();
+    ev.engine.worker.shutdown();
+    Ok(BenchReport {
+        package: k.package.clone(),
+        kernel: k.spec.name.clone(),
+        device: ev.device.clone(),
+        space: space_summary(&space),
+        hints,
+        matrix: guide.matrix.clone(),
+        exhaustive_seconds,
+        exhaustive_evaluations_per_second: summary.evaluations as f64
+            / exhaustive_seconds.max(1e-9),
+        landscape,
+        worker_ms_per_evaluation,
+        compile_ms_per_point,
+        seconds_are: if o.live {
+            "wall clock of live runs (every point measured again, compiled ahead on CPU threads)"
+                .into()
+        } else {
+            "device seconds the exhaustive run measured for the points each strategy asked for, plus the strategy's own time".into()
+        },
+        target: o.target,
+        rows,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Rendering.
+
+fn bold() -> anstyle::Style {
+    anstyle::Style::new().bold()
+}
+
+fn plain() -> anstyle::Style {
+    anstyle::Style::new()
+}
+
+fn shapes_cell(m: &BTreeMap<String, f64>) -> String {
+    m.iter()
+        .map(|(s, us)| format!("{s}: {us:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `cargo kopt search`, for people.
+pub fn render_search(r: &SearchReport) {
+    use std::io::Write;
+    let mut out = anstream::stdout();
+    let _ = writeln!(
+        out,
+        "{}/{} on {} ({}): {} search{}, seed {}",
+        r.package,
+        r.kernel,
+        r.device.name,
+        r.device.arch,
+        r.strategy,
+        if r.seeded { ", seeded" } else { "" },
+        r.seed
+    );
+    let _ = writeln!(
+        out,
+        "space: {} valid of {} ({}; pruned: {} by constraints, {} by geometry, {} by device limits, {} by register caps)",
+        r.space.valid,
+        r.space.raw,
+        r.space.axes.join(", "),
+        r.space.pruned.constraints,
+        r.space.pruned.geometry,
+        r.space.pruned.device_limits,
+        r.space.pruned.registers
+    );
+    if let Some(h) = &r.hints {
+        let _ = writeln!(out, "snapshot: {}", h.describe());
+    }
+    if let Some(m) = &r.matrix {
+        let _ = writeln!(out, "seed matrix ({}):", m.source);
+        for row in &m.rows {
+            let _ = writeln!(
+                out,
+                "  {:<28} prefer {:?} (priority {:.2}): {}",
+                row.axis, row.prefer, row.priority, row.reason
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{}: {} points ({} from the journal, {} compile failures, {} rejected) in {:.1} s, {:.1} evaluations/s",
+        r.stop,
+        r.evaluations,
+        r.replayed,
+        r.compile_failures,
+        r.failures,
+        r.seconds,
+        r.evaluations_per_second
+    );
+    for d in &r.dropped {
+        let _ = writeln!(out, "{d}");
+    }
+    for (label, why) in r.interesting.iter().take(5) {
+        let _ = writeln!(out, "kept as interesting: {label}: {why}");
+    }
+    let _ = writeln!(out);
+    match &r.best {
+        Some(b) => {
+            let verified = match &r.best_verified {
+                Some(v) if v.accepted => {
+                    "verified in full (held-out shapes, default timing, every fence)".to_string()
+                }
+                Some(v) => format!("FAILED the full verification: {}", v.summary()),
+                None => "not verified in full (--no-verify)".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "{}best{:#}: {} ({:.2}x the reference, geometric mean over shapes): {verified}",
+                bold(),
+                bold(),
+                b.label,
+                b.speedup
+            );
+        }
+        None => {
+            let _ = writeln!(out, "no point passed");
+        }
+    }
+    let mut t = crate::table::Table::new(&[
+        "shape",
+        "best configuration",
+        "µs",
+        "reference µs",
+        "speedup",
+        "full verification",
+    ]);
+    for s in &r.per_shape {
+        t.row(vec![
+            (s.shape.clone(), plain()),
+            (s.label.clone(), bold()),
+            (format!("{:.2}", s.us), plain()),
+            (
+                s.reference_us
+                    .map(|x| format!("{x:.2}"))
+                    .unwrap_or_else(|| "–".into()),
+                plain(),
+            ),
+            (
+                s.reference_us
+                    .map(|x| format!("{:.2}x", x / s.us))
+                    .unwrap_or_else(|| "–".into()),
+                plain(),
+            ),
+            (s.verified.clone().unwrap_or_else(|| "–".into()), plain()),
+        ]);
+    }
+    let _ = write!(out, "{}", t.render());
+    let _ = writeln!(out);
+    let mut t = crate::table::Table::new(&["#", "configuration", "speedup", "per shape µs"]);
+    for (i, p) in r.leaderboard.iter().enumerate() {
+        t.row(vec![
+            ((i + 1).to_string(), plain()),
+            (p.label.clone(), if i == 0 { bold() } else { plain() }),
+            (format!("{:.2}x", p.speedup), plain()),
+            (shapes_cell(&p.shapes_us), plain()),
+        ]);
+    }
+    let _ = write!(out, "{}", t.render());
+    let _ = writeln!(
+        out,
+        "\nrun {} (journal: {}); resume it with `cargo kopt search {} --strategy {} --seed {}{} --resume {}`",
+        r.run_id,
+        r.journal.join("journal.jsonl").display(),
+        r.kernel,
+        r.strategy,
+        r.seed,
+        if r.seeded { " --seeded" } else { "" },
+        r.run_id
+    );
+}
+
+fn med(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "not reached".into())
+}
+
+/// `cargo kopt search-bench`, for people.
+pub fn render_bench(r: &BenchReport) {
+    use std::io::Write;
+    let mut out = anstream::stdout();
+    let l = &r.landscape;
+    let _ = writeln!(
+        out,
+        "{}/{} on {} ({})",
+        r.package, r.kernel, r.device.name, r.device.arch
+    );
+    let _ = writeln!(
+        out,
+        "space: {} valid points of {} ({})",
+        r.space.valid,
+        r.space.raw,
+        r.space.axes.join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "exhaustive: {} points ({} passed) in {:.1} s = {:.1} evaluations/s (compile on CPU threads, check, time; no cache)",
+        l.evaluated, l.passed, r.exhaustive_seconds, r.exhaustive_evaluations_per_second
+    );
+    let _ = writeln!(
+        out,
+        "best: {} (cost {:.4}, {:.2}x the reference); median point cost {:.4}; best is {:.2}x faster than the median point; {} point(s) within {:.0}% of the best",
+        l.best_label.as_deref().unwrap_or("–"),
+        l.best_cost.unwrap_or(f64::NAN),
+        1.0 / l.best_cost.unwrap_or(f64::NAN),
+        l.median_cost.unwrap_or(f64::NAN),
+        l.best_over_median.unwrap_or(f64::NAN),
+        l.near_best,
+        100.0 * r.target
+    );
+    let _ = writeln!(
+        out,
+        "per evaluation: {} ms on the worker ({}); NVRTC {:.1} ms per point on the compile threads",
+        r.worker_ms_per_evaluation.values().sum::<f64>().round(),
+        r.worker_ms_per_evaluation
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.1}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        r.compile_ms_per_point
+    );
+    let _ = writeln!(out, "seed snapshot (the reference): {}", r.hints.describe());
+    let _ = writeln!(out);
+    let mut t = crate::table::Table::new(&[
+        "strategy",
+        "seeded",
+        "median evaluations to within target",
+        "median seconds",
+        "evaluations/s",
+        "reached",
+    ]);
+    for row in &r.rows {
+        t.row(vec![
+            (row.strategy.to_string(), bold()),
+            (if row.seeded { "yes" } else { "no" }.into(), plain()),
+            (med(row.median_evaluations, |v| format!("{v:.1}")), plain()),
+            (med(row.median_seconds, |v| format!("{v:.2}")), plain()),
+            (format!("{:.1}", row.evaluations_per_second), plain()),
+            (format!("{}/{}", row.reached, row.seeds), plain()),
+        ]);
+    }
+    let _ = write!(out, "{}", t.render());
+    let _ = writeln!(
+        out,
+        "target: within {:.0}% of the exhaustive best; medians over {} seed(s) (exhaustive: one run, it does not draw); seconds: {}",
+        100.0 * r.target,
+        r.rows.iter().map(|x| x.seeds).max().unwrap_or(0),
+        r.seconds_are
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_widths_from_ptx() {
+        let ptx = "\tld.global.nc.f32 \t%f1, [%rd4];\n\tld.global.nc.v4.f32 \t{%f2, %f3, %f4, %f5}, [%rd7];\n";
+        assert_eq!(ptx_global_load_bytes(ptx), Some(16));
+        assert_eq!(
+            ptx_global_load_bytes("ld.global.v2.u32 {%r1, %r2}, [%rd1];"),
+            Some(8)
+        );
+        assert_eq!(
+            ptx_global_load_bytes("ld.global.nc.u16 %rs1, [%rd1];"),
+            Some(2)
+        );
+        assert_eq!(ptx_global_load_bytes("ld.shared.f32 %f1, [%r1];"), None);
+        assert_eq!(
+            ptx_global_load_bytes("ld.global.nc.b128 %r, [%rd1];"),
+            Some(16)
+        );
+    }
+
+    #[test]
+    fn the_reference_evaluation_becomes_a_snapshot() {
+        let mut o = Outcome::passed(1.0);
+        for (k, v) in [
+            ("occupancy_pct", 100.0),
+            ("registers", 18.0),
+            ("copy_bandwidth_pct", 2.0),
+            ("global_load_bytes", 4.0),
+            ("grid_blocks_per_sm", 0.12),
+            ("local_bytes", 0.0),
+        ] {
+            o.metrics.insert(k.into(), v);
+        }
+        let h = hints_from_reference(&o);
+        assert_eq!(h.class, Bottleneck::LatencyBound);
+        assert_eq!(h.global_load_bytes, Some(4));
+        o.metrics.insert("copy_bandwidth_pct".into(), 80.0);
+        assert_eq!(hints_from_reference(&o).class, Bottleneck::MemoryBound);
+        o.metrics.insert("occupancy_pct".into(), 25.0);
+        o.metrics.insert("registers".into(), 128.0);
+        assert_eq!(hints_from_reference(&o).class, Bottleneck::OccupancyLimited);
+    }
+}
