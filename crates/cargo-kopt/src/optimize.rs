@@ -26,7 +26,7 @@ use crate::eval::{self, Settings};
 use crate::gather::{Gathered, Kernel};
 
 /// Verifies candidates through the engine, judging against the current best.
-pub struct EngineEvaluator<'a> {
+pub struct LoopEvaluator<'a> {
     pub g: &'a Gathered,
     pub k: &'a Kernel,
     pub engine: &'a mut Engine,
@@ -36,7 +36,7 @@ pub struct EngineEvaluator<'a> {
     pub last_job: Option<EvalJob>,
 }
 
-impl Evaluate for EngineEvaluator<'_> {
+impl Evaluate for LoopEvaluator<'_> {
     fn evaluate(
         &mut self,
         candidate: &KernelVersion,
@@ -296,7 +296,7 @@ pub fn optimize(
             hint: opts.hint.clone(),
             context_tokens: opts.context_tokens,
         };
-        let mut evaluator = EngineEvaluator {
+        let mut evaluator = LoopEvaluator {
             g,
             k,
             engine: &mut engine,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cargo_kopt::eval::Settings;
 use cargo_kopt::gather::{self, Gathered, Kernel};
-use cargo_kopt::optimize::EngineEvaluator;
+use cargo_kopt::optimize::LoopEvaluator;
 use kopt_agent::backend::Client;
 use kopt_agent::http::{Anthropic, Endpoint, OpenAi};
 use kopt_agent::run::{self, Budget, Rules, Stop, Task};
@@ -51,9 +51,9 @@ impl Setup {
     }
 
     /// The fake device as the loop's judge, through the evaluator `optimize` uses.
-    fn gpu<'a>(&'a self, engine: &'a mut Engine) -> EngineEvaluator<'a> {
+    fn gpu<'a>(&'a self, engine: &'a mut Engine) -> LoopEvaluator<'a> {
         let ceilings = engine.ceilings(false).ok();
-        EngineEvaluator {
+        LoopEvaluator {
             g: &self.g,
             k: self.kernel(),
             engine,
