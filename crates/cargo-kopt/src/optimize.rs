@@ -668,11 +668,7 @@ fn similar_cases(
     let q = kopt_store::cases::Query {
         kind: Some(kopt_store::features::infer_kind(kernel, source).to_string()),
         metrics: BTreeMap::new(),
-        text: format!(
-            "{} {}",
-            kopt_store::features::structural_summary(source),
-            kopt_store::features::source_tokens(source)
-        ),
+        text: kopt_store::features::search_text(source),
         weights: Default::default(),
     };
     lib.search(&q, 5)

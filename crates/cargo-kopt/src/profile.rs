@@ -137,11 +137,7 @@ pub fn profile(
             Ok(path) if path.is_file() => match CaseLibrary::open(&path) {
                 Ok(lib) => {
                     let kind = kopt_store::features::infer_kind(&k.spec.name, &k.reference.text);
-                    let text = format!(
-                        "{} {}",
-                        kopt_store::features::structural_summary(&check_job.candidate.source),
-                        kopt_store::features::source_tokens(&check_job.candidate.source)
-                    );
+                    let text = kopt_store::features::search_text(&check_job.candidate.source);
                     if let Err(e) = snap.use_case_library(&lib, kind, &text) {
                         note(
                             &mut snap,

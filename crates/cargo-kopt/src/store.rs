@@ -381,11 +381,7 @@ pub fn parse_metrics(items: &[String]) -> Result<BTreeMap<String, f64>, StoreCmd
 pub fn query_text_of_source(path: &Path) -> Result<String, StoreCmdError> {
     let src = std::fs::read_to_string(path)
         .map_err(|e| StoreCmdError::Usage(format!("{}: {e}", path.display())))?;
-    Ok(format!(
-        "{} {}",
-        kopt_store::features::structural_summary(&src),
-        kopt_store::features::source_tokens(&src)
-    ))
+    Ok(kopt_store::features::search_text(&src))
 }
 
 /// Where `cases import PATH` reads: a file of JSON lines, or a repository.

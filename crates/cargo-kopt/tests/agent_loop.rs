@@ -78,6 +78,26 @@ impl Setup {
         }
     }
 
+    /// The loop on the example's softmax, judged by a fresh fake device.
+    fn optimize(
+        &self,
+        client: &mut Client,
+        reviewer: Option<&mut Client>,
+        budget: &Budget,
+    ) -> run::Outcome {
+        let mut engine = self.engine();
+        let mut gpu = self.gpu(&mut engine);
+        run::optimize(
+            &self.task(),
+            client,
+            reviewer,
+            &mut gpu,
+            budget,
+            &Rules::default(),
+            &mut |_| {},
+        )
+    }
+
     /// The reference's source with fake-device directives: what a proposal carries.
     fn source(&self, directives: &str) -> String {
         format!("{}\n{directives}\n", self.kernel().reference.text)
@@ -122,14 +142,18 @@ fn script(rt: &tokio::runtime::Runtime, server: &MockServer, replies: Vec<Respon
     }
 }
 
-fn client(server: &MockServer) -> Client {
-    let ep = Endpoint {
+/// The mock OpenAI-compatible endpoint, with a key the recordings must not contain.
+fn endpoint(server: &MockServer) -> Endpoint {
+    Endpoint {
         base_url: format!("{}/v1", server.uri()),
         model: "mock".into(),
         key: Some("sk-e2e-test-key-123456".into()),
         timeout: Duration::from_secs(5),
-    };
-    Client::new(Box::new(OpenAi::new(ep))).with_sleep(|_| {})
+    }
+}
+
+fn client(server: &MockServer) -> Client {
+    Client::new(Box::new(OpenAi::new(endpoint(server)))).with_sleep(|_| {})
 }
 
 fn verdicts(o: &run::Outcome) -> Vec<(String, bool, String)> {
@@ -169,12 +193,7 @@ fn a_multi_round_session_with_feedback_repair_retry_and_replay() {
     );
     let session = s.dir.path().join("session.jsonl");
     let recorder = Recorder::new(
-        Box::new(OpenAi::new(Endpoint {
-            base_url: format!("{}/v1", server.uri()),
-            model: "mock".into(),
-            key: Some("sk-e2e-test-key-123456".into()),
-            timeout: Duration::from_secs(5),
-        })),
+        Box::new(OpenAi::new(endpoint(&server))),
         &session,
         kopt_store::redact::Redactor::from_vars([(
             "E2E_API_KEY".to_string(),
@@ -183,21 +202,11 @@ fn a_multi_round_session_with_feedback_repair_retry_and_replay() {
     )
     .unwrap();
     let mut c = Client::new(Box::new(recorder)).with_sleep(|_| {});
-    let mut engine = s.engine();
-    let mut gpu = s.gpu(&mut engine);
     let budget = Budget {
         rounds: 3,
         ..Budget::default()
     };
-    let out = run::optimize(
-        &s.task(),
-        &mut c,
-        None,
-        &mut gpu,
-        &budget,
-        &Rules::default(),
-        &mut |_| {},
-    );
+    let out = s.optimize(&mut c, None, &budget);
 
     assert_eq!(out.stop, Stop::Rounds, "{:?}", out.stop);
     let v = verdicts(&out);
@@ -236,17 +245,7 @@ fn a_multi_round_session_with_feedback_repair_retry_and_replay() {
     assert!(!recorded.contains("sk-e2e-test-key-123456"));
     drop(server);
     let mut replayed = Client::new(Box::new(Replay::open(&session).unwrap()));
-    let mut engine = s.engine();
-    let mut gpu = s.gpu(&mut engine);
-    let again = run::optimize(
-        &s.task(),
-        &mut replayed,
-        None,
-        &mut gpu,
-        &budget,
-        &Rules::default(),
-        &mut |_| {},
-    );
+    let again = s.optimize(&mut replayed, None, &budget);
     assert_eq!(verdicts(&again), v, "the replay reproduces every verdict");
 }
 
@@ -286,21 +285,11 @@ fn a_reviewer_objection_is_answered_before_verification() {
         key: None,
         timeout: Duration::from_secs(5),
     })));
-    let mut engine = s.engine();
-    let mut gpu = s.gpu(&mut engine);
     let budget = Budget {
         rounds: 1,
         ..Budget::default()
     };
-    let out = run::optimize(
-        &s.task(),
-        &mut c,
-        Some(&mut rv),
-        &mut gpu,
-        &budget,
-        &Rules::default(),
-        &mut |_| {},
-    );
+    let out = s.optimize(&mut c, Some(&mut rv), &budget);
     let purposes: Vec<&str> = out
         .transcript
         .iter()
@@ -338,17 +327,7 @@ fn the_same_error_three_times_escalates() {
             .collect(),
     );
     let mut c = client(&server);
-    let mut engine = s.engine();
-    let mut gpu = s.gpu(&mut engine);
-    let out = run::optimize(
-        &s.task(),
-        &mut c,
-        None,
-        &mut gpu,
-        &Budget::default(),
-        &Rules::default(),
-        &mut |_| {},
-    );
+    let out = s.optimize(&mut c, None, &Budget::default());
     match &out.stop {
         Stop::Escalated { reason, suspicion } => {
             assert_eq!(reason, "the same numerics error came back 3 times");
@@ -387,21 +366,11 @@ fn the_candidate_budget_stops_the_loop() {
         ],
     );
     let mut c = client(&server);
-    let mut engine = s.engine();
-    let mut gpu = s.gpu(&mut engine);
     let budget = Budget {
         candidates: 3,
         ..Budget::default()
     };
-    let out = run::optimize(
-        &s.task(),
-        &mut c,
-        None,
-        &mut gpu,
-        &budget,
-        &Rules::default(),
-        &mut |_| {},
-    );
+    let out = s.optimize(&mut c, None, &budget);
     assert_eq!(
         out.stop,
         Stop::Budget {
@@ -423,17 +392,7 @@ fn a_backend_that_fails_for_good_stops_the_loop_with_its_error() {
             .set_body_json(json!({ "error": { "message": "invalid api key" } }))],
     );
     let mut c = client(&server);
-    let mut engine = s.engine();
-    let mut gpu = s.gpu(&mut engine);
-    let out = run::optimize(
-        &s.task(),
-        &mut c,
-        None,
-        &mut gpu,
-        &Budget::default(),
-        &Rules::default(),
-        &mut |_| {},
-    );
+    let out = s.optimize(&mut c, None, &Budget::default());
     assert_eq!(
         out.stop,
         Stop::Backend {

@@ -167,6 +167,12 @@ pub fn source_tokens(source: &str) -> String {
         .join(" ")
 }
 
+/// The full-text query that finds cases like `source`: its structural summary and its
+/// identifiers (what the case library indexes for each case).
+pub fn search_text(source: &str) -> String {
+    format!("{} {}", structural_summary(source), source_tokens(source))
+}
+
 /// A one-line structural summary, e.g. `2 __global__ functions; 3 loops; static shared
 /// memory; 4 __syncthreads; warp shuffles (6); vector access (float4); atomics
 /// (atomicAdd); math (__expf)`.
