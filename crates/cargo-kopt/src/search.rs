@@ -105,19 +105,28 @@ impl NvrtcCompiler {
             defines: p.defines.clone(),
             options: p.options.clone(),
             ptx: None,
+            cubin: None,
             ..self.template.clone()
         }
     }
 
-    /// Compiles a version to PTX (or the fake device's pseudo-PTX).
-    pub fn compile_version(&self, v: &KernelVersion) -> Result<String, String> {
+    /// Compiles a version for the worker's exact architecture (a cubin, so that the
+    /// worker loads it without the driver's PTX JIT), or the fake device's pseudo-PTX.
+    pub fn compile_version(&self, v: &KernelVersion) -> Result<CompiledCode, String> {
         if self.fake {
-            return kopt_engine::worker::fake::fake_compile(v);
+            return kopt_engine::worker::fake::fake_compile(v).map(|ptx| CompiledCode {
+                ptx: Some(ptx),
+                cubin: None,
+            });
         }
         let options = v.compile_options();
         let opts: Vec<&str> = options.iter().map(String::as_str).collect();
-        kopt::compile_ptx("search", &v.id, &v.source, &opts, self.cc)
-            .map(|ptx| ptx.to_src())
+        let arch = kopt_spec::files::arch_name(self.cc.0 as u32, self.cc.1 as u32);
+        kopt::compile_native("search", &v.id, &v.source, &opts, &arch)
+            .map(|n| CompiledCode {
+                ptx: n.ptx,
+                cubin: Some(n.cubin),
+            })
             .map_err(|e| match e {
                 kopt::Error::Compile { log, .. } => log,
                 other => other.to_string(),
@@ -125,17 +134,45 @@ impl NvrtcCompiler {
     }
 }
 
+/// What the compile pool hands the worker: machine code on a GPU, the fake device's
+/// pseudo-PTX on the fake one; PTX where NVRTC gave it, for the load-width hint.
+#[derive(Debug, Clone)]
+pub struct CompiledCode {
+    pub ptx: Option<String>,
+    pub cubin: Option<Vec<u8>>,
+}
+
+impl CompiledCode {
+    /// Attaches the code to `v` for the worker to load instead of compiling.
+    pub fn attach(&self, v: &mut KernelVersion) {
+        match &self.cubin {
+            Some(c) => v.set_cubin(c),
+            None => v.ptx = self.ptx.clone(),
+        }
+    }
+
+    /// One string for the search's compile pool: the base64 cubin, or the PTX.
+    fn to_pool(&self, v: &mut KernelVersion) -> String {
+        self.attach(v);
+        v.cubin
+            .clone()
+            .or_else(|| v.ptx.clone())
+            .unwrap_or_default()
+    }
+}
+
 impl Compiler for NvrtcCompiler {
     fn compile(&self, p: &PointSpec) -> Compiled {
         let t = Instant::now();
-        match self.compile_version(&self.version(p)) {
-            Ok(code) => {
+        let mut v = self.version(p);
+        match self.compile_version(&v) {
+            Ok(compiled) => {
                 let mut metrics = BTreeMap::new();
-                if let Some(b) = ptx_global_load_bytes(&code) {
+                if let Some(b) = compiled.ptx.as_deref().and_then(ptx_global_load_bytes) {
                     metrics.insert("global_load_bytes".into(), f64::from(b));
                 }
                 Compiled::Ok {
-                    code,
+                    code: compiled.to_pool(&mut v),
                     seconds: t.elapsed().as_secs_f64(),
                     metrics,
                 }
@@ -184,13 +221,16 @@ impl<'a> EngineEvaluator<'a> {
             fake,
         });
         let mut reference = template;
-        reference.ptx = Some(compiler.compile_version(&reference).map_err(|log| {
-            format!(
-                "the reference of `{}` does not compile: {}",
-                k.spec.name,
-                log.lines().take(6).collect::<Vec<_>>().join("\n")
-            )
-        })?);
+        compiler
+            .compile_version(&reference)
+            .map_err(|log| {
+                format!(
+                    "the reference of `{}` does not compile: {}",
+                    k.spec.name,
+                    log.lines().take(6).collect::<Vec<_>>().join("\n")
+                )
+            })?
+            .attach(&mut reference);
         let mut judge = Judge::new(ceilings);
         judge.threshold = settings.threshold;
         Ok(EngineEvaluator {
@@ -215,7 +255,8 @@ impl<'a> EngineEvaluator<'a> {
             id: p.label.clone(),
             defines: p.defines.clone(),
             options: p.options.clone(),
-            ptx: code.map(String::from),
+            ptx: code.filter(|_| self.compiler.fake).map(String::from),
+            cubin: code.filter(|_| !self.compiler.fake).map(String::from),
             ..KernelVersion::reference(&self.k.spec, &self.k.reference.text)
         }
     }
@@ -248,8 +289,10 @@ impl<'a> EngineEvaluator<'a> {
     /// The full verification of one point: held-out shapes valid for its defines, the
     /// default timing policy, every fence.
     pub fn verify(&mut self, p: &PointSpec, progress: &mut dyn FnMut(&str)) -> Verdict {
-        let code = self.compiler.compile_version(&self.version(p, None)).ok();
-        let v = self.version(p, code.as_deref());
+        let mut v = self.version(p, None);
+        if let Ok(code) = self.compiler.compile_version(&v) {
+            code.attach(&mut v);
+        }
         let settings = eval::Settings {
             timing: TimingPolicy::default(),
             held_out_per_shape: 0,

@@ -665,6 +665,9 @@ fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> KernelVers
     let mut v = best.clone();
     v.id = id.to_string();
     v.source = r.source.clone();
+    // Code compiled ahead belongs to the best's source, not to the candidate's.
+    v.ptx = None;
+    v.cubin = None;
     if let Some(l) = &r.proposal.launch {
         let parse = |t: &str| -> kopt_spec::expr::Expr {
             kopt_spec::expr::parse_str(

@@ -84,6 +84,26 @@ pub fn compile_cubin(
     options: &[&str],
     arch: &str,
 ) -> Result<Vec<u8>, Error> {
+    compile_native(kernel, variant, source, options, arch).map(|n| n.cubin)
+}
+
+/// Machine code for one real architecture, and the PTX it came from where NVRTC keeps it.
+#[derive(Debug, Clone)]
+pub struct Native {
+    pub cubin: Vec<u8>,
+    /// `None` where this NVRTC does not hand out PTX for a real-architecture build.
+    pub ptx: Option<String>,
+}
+
+/// [`compile_cubin`], also asking NVRTC for the PTX of the same build (one compilation
+/// for code that is both loaded without JIT and read for its load widths).
+pub fn compile_native(
+    kernel: &str,
+    variant: &str,
+    source: &str,
+    options: &[&str],
+    arch: &str,
+) -> Result<Native, Error> {
     use cudarc::nvrtc::{result, sys};
     use std::ffi::CString;
     if !crate::gpu::nvrtc_present() {
@@ -134,8 +154,18 @@ pub fn compile_cubin(
                         let mut buf = vec![0u8; size];
                         sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
                             .result()
-                            .map(|_| buf)
                             .map_err(|e| fail(format!("no cubin: {e:?}")))
+                            .map(|_| Native {
+                                cubin: buf,
+                                ptx: result::get_ptx(prog).ok().map(|p| {
+                                    let bytes: Vec<u8> = p
+                                        .iter()
+                                        .map(|c| *c as u8)
+                                        .take_while(|b| *b != 0)
+                                        .collect();
+                                    String::from_utf8_lossy(&bytes).into_owned()
+                                }),
+                            })
                     }
                 }
             }

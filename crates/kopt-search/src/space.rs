@@ -666,6 +666,7 @@ impl Space {
             defines: self.defines(id),
             options: self.options(id),
             ptx: None,
+            cubin: None,
         }
     }
 

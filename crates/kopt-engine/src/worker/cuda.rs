@@ -24,6 +24,57 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     info: DeviceInfo,
     modules: HashMap<String, (Option<CudaFunction>, CompileReport)>,
+    /// Generated inputs, by spec, shape, seed and variation: a search sends hundreds of
+    /// jobs with the same spec, shapes and seeds, and drawing millions of normals on the
+    /// CPU would otherwise dominate each evaluation. Deterministic, so reuse is exact.
+    inputs: InputCache,
+    /// Host copies of the output poison, by element type and length.
+    poison: HashMap<(kopt_spec::spec::DType, usize), Arc<Bytes>>,
+    /// The timing loop's extra input sets, kept while the buffer sizes stay the same
+    /// (plain allocations each, so compute-sanitizer still sees exact bounds).
+    timing_sets: Option<(Vec<usize>, Vec<Buffers>)>,
+}
+
+/// Inputs kept across jobs, bounded in bytes; the oldest entries go first.
+#[derive(Default)]
+struct InputCache {
+    entries: HashMap<String, Arc<Vec<Option<Bytes>>>>,
+    order: std::collections::VecDeque<String>,
+    bytes: usize,
+}
+
+impl InputCache {
+    const LIMIT_BYTES: usize = 2 << 30;
+
+    fn size(v: &[Option<Bytes>]) -> usize {
+        v.iter().flatten().map(Vec::len).sum()
+    }
+
+    fn get_or_fill(
+        &mut self,
+        key: String,
+        fill: impl FnOnce() -> Result<Vec<Option<Bytes>>, String>,
+    ) -> Result<Arc<Vec<Option<Bytes>>>, String> {
+        if let Some(v) = self.entries.get(&key) {
+            return Ok(v.clone());
+        }
+        let v = Arc::new(fill()?);
+        let size = Self::size(&v);
+        while self.bytes + size > Self::LIMIT_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(e) = self.entries.remove(&old) {
+                self.bytes -= Self::size(&e);
+            }
+        }
+        if size <= Self::LIMIT_BYTES {
+            self.bytes += size;
+            self.order.push_back(key.clone());
+            self.entries.insert(key, v.clone());
+        }
+        Ok(v)
+    }
 }
 
 /// Errors after which the context cannot be used again.
@@ -108,6 +159,9 @@ impl CudaBackend {
             stream,
             info,
             modules: HashMap::new(),
+            inputs: InputCache::default(),
+            poison: HashMap::new(),
+            timing_sets: None,
         })
     }
 
@@ -122,6 +176,7 @@ impl CudaBackend {
             &v.entry,
             &self.info.arch,
             v.ptx.as_deref().unwrap_or(""),
+            v.cubin.as_deref().unwrap_or(""),
         ]);
         if let Some((f, r)) = self.modules.get(&key) {
             let mut r = r.clone();
@@ -133,9 +188,10 @@ impl CudaBackend {
             self.info.compute_capability.0 as i32,
             self.info.compute_capability.1 as i32,
         );
-        let compiled = match &v.ptx {
-            Some(ptx) => Ok(cudarc::nvrtc::Ptx::from_src(ptx.clone())),
-            None => {
+        let compiled = match (v.cubin_bytes(), &v.ptx) {
+            (Some(cubin), _) => cubin.map(cudarc::nvrtc::Ptx::from_binary),
+            (None, Some(ptx)) => Ok(cudarc::nvrtc::Ptx::from_src(ptx.clone())),
+            (None, None) => {
                 kopt::compile_ptx("candidate", &v.id, &v.source, &opts, cc).map_err(|e| match e {
                     kopt::Error::Compile { log, .. } => log,
                     other => other.to_string(),
@@ -268,6 +324,32 @@ type ShapeResult = Result<ShapeReport, (ShapeReport, Stop)>;
 type CheckRuns = (Vec<Bytes>, Vec<Bytes>, Vec<Bytes>, Vec<String>);
 
 impl CudaBackend {
+    /// A shape's generated inputs, from the cache when this spec, shape, seed and
+    /// variation were drawn before.
+    fn inputs_for(
+        &mut self,
+        spec: &KernelSpec,
+        case: &ShapeCase,
+        args: &[i64],
+        elems: &[usize],
+        seed: u64,
+        variation: Variation,
+    ) -> Result<Arc<Vec<Option<Bytes>>>, String> {
+        let spec_json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
+        let values = serde_json::to_string(&case.values).map_err(|e| e.to_string())?;
+        let key =
+            crate::cache::hash_parts(&[&spec_json, &values, &seed.to_string(), variation.name()]);
+        self.inputs
+            .get_or_fill(key, || inputs::fill_all(spec, args, elems, seed, variation))
+    }
+
+    fn poison_for(&mut self, dtype: kopt_spec::spec::DType, n: usize) -> Arc<Bytes> {
+        self.poison
+            .entry((dtype, n))
+            .or_insert_with(|| Arc::new(inputs::poison(dtype, n)))
+            .clone()
+    }
+
     // The error carries the partial report: a cold path, once per failing shape.
     #[allow(clippy::result_large_err)]
     fn run_shape(
@@ -344,7 +426,7 @@ impl CudaBackend {
             (Variation::Shifted, job.seeds.second),
         ] {
             progress(&format!("{}: check ({})", case.label, variation.name()));
-            let pristine = match inputs::fill_all(spec, &args, &elems, seed, variation) {
+            let pristine = match self.inputs_for(spec, case, &args, &elems, seed, variation) {
                 Ok(p) => p,
                 Err(e) => return Err((out, Stop::Error(format!("inputs: {e}")))),
             };
@@ -402,8 +484,9 @@ impl CudaBackend {
 
         // Correctness again, on new inputs, after the timing loop.
         progress(&format!("{}: re-check after timing", case.label));
-        let pristine = match inputs::fill_all(
+        let pristine = match self.inputs_for(
             spec,
+            case,
             &args,
             &elems,
             job.seeds.after_timing,
@@ -449,13 +532,17 @@ impl CudaBackend {
             .zip(bufs.dev.iter_mut())
             .zip(bufs.elems.iter().zip(pristine))
         {
-            let data = match host {
-                Some(h) => h.clone(),
-                None => inputs::poison(b.dtype, *n),
+            let poison;
+            let data: &[u8] = match host {
+                Some(h) => h,
+                None => {
+                    poison = self.poison_for(b.dtype, *n);
+                    &poison
+                }
             };
             if !data.is_empty() {
                 // SAFETY: `dev` holds `data.len()` bytes; pageable copies complete before return.
-                unsafe { cudarc::driver::result::memcpy_htod_async(dev.ptr, &data, s.cu_stream()) }
+                unsafe { cudarc::driver::result::memcpy_htod_async(dev.ptr, data, s.cu_stream()) }
                     .map_err(|e| Stop::driver("upload", e))?;
             }
         }
@@ -510,23 +597,33 @@ impl CudaBackend {
             .min(policy.max_input_sets.max(1) as usize)
             .min(((8u64 << 30) / per_set).max(1) as usize);
         let cold = per_set * sets as u64 >= twice_l2;
-        // Copies of the inputs (and outputs) for sets 1..
-        let mut extra: Vec<Buffers> = Vec::new();
-        for _ in 1..sets {
+        // Copies of the inputs (and outputs) for sets 1..; the allocations of the last
+        // timing are reused when the sizes match (a search times the same shapes again and
+        // again), the contents are copied afresh every time.
+        let sizes: Vec<usize> = base.dev.iter().map(|d| d.bytes).collect();
+        let mut extra: Vec<Buffers> = match self.timing_sets.take() {
+            Some((old, sets)) if old == sizes => sets,
+            _ => Vec::new(),
+        };
+        extra.truncate(sets - 1);
+        while extra.len() < sets - 1 {
             let mut dev = Vec::new();
-            for d in &base.dev {
-                let n = DeviceBuf::new(d.bytes).map_err(|e| Stop::driver("allocation", e))?;
-                // SAFETY: both hold `d.bytes` bytes.
-                unsafe {
-                    cudarc::driver::result::memcpy_dtod_async(n.ptr, d.ptr, d.bytes, s.cu_stream())
-                }
-                .map_err(|e| Stop::driver("copy", e))?;
-                dev.push(n);
+            for &bytes in &sizes {
+                dev.push(DeviceBuf::new(bytes).map_err(|e| Stop::driver("allocation", e))?);
             }
             extra.push(Buffers {
                 dev,
                 elems: base.elems.clone(),
             });
+        }
+        for set in &extra {
+            for (n, d) in set.dev.iter().zip(&base.dev) {
+                // SAFETY: both hold `d.bytes` bytes.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(n.ptr, d.ptr, d.bytes, s.cu_stream())
+                }
+                .map_err(|e| Stop::driver("copy", e))?;
+            }
         }
         let all: Vec<&Buffers> = std::iter::once(base).chain(extra.iter()).collect();
         let mut pr: Vec<Params> = all.iter().map(|b| params(spec, values, b)).collect();
@@ -595,10 +692,13 @@ impl CudaBackend {
             "graph of {reps} launches over {sets} input set(s), L2 {}",
             if cold { "cold" } else { "warm" }
         );
-        Ok((
+        let figures = (
             stats::summarise(&method, reps as u32, &sr),
             stats::summarise(&method, reps as u32, &sc),
-        ))
+        );
+        drop((gr, gc));
+        self.timing_sets = Some((sizes, extra));
+        Ok(figures)
     }
 }
 
