@@ -661,7 +661,7 @@ pub fn optimize(
 
 /// The candidate as a kernel version: its source, and the launch rule, defines and
 /// options it names (else the current best's).
-fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> KernelVersion {
+pub fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> KernelVersion {
     let mut v = best.clone();
     v.id = id.to_string();
     v.source = r.source.clone();
