@@ -122,7 +122,11 @@ fn exhaustive_search_finds_the_models_optimum_and_verifies_it() {
     let text = std::fs::read_to_string(&journal).unwrap();
     assert!(text.lines().last().unwrap().contains("run_finished"));
     // `--save`: the verified winner waits for review, its rationale naming the changes.
-    assert_eq!(v["pending"], "llm-kernels/row_sum/sm_90", "{}", v["pending"]);
+    assert_eq!(
+        v["pending"], "llm-kernels/row_sum/sm_90",
+        "{}",
+        v["pending"]
+    );
     let pending = w.json(&["pending"]);
     let row = &pending["pending"][0];
     assert_eq!(row["status"], "ready", "{pending}");
