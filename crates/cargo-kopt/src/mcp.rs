@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 
 use crate::eval::{self, Settings};
 use crate::gather::{Gathered, Kernel};
-use crate::optimize::{self, LoopEvaluator, Winner};
+use crate::optimize::{self, geo_speedup, LoopEvaluator, Winner};
 use crate::{commands, search, store};
 
 /// A session's limits.
@@ -203,16 +203,6 @@ fn internal(msg: impl Into<String>) -> ErrorData {
 /// read text.
 fn answer(v: Value) -> CallToolResult {
     CallToolResult::structured(v)
-}
-
-fn geo_speedup(v: &Verdict) -> Option<f64> {
-    let s: Vec<f64> = v
-        .shapes
-        .iter()
-        .filter(|s| !s.held_out)
-        .filter_map(|s| s.speedup)
-        .collect();
-    (!s.is_empty()).then(|| (s.iter().map(|x| x.ln()).sum::<f64>() / s.len() as f64).exp())
 }
 
 /// The per-shape figures of a verdict, as the answers show them.
@@ -397,21 +387,7 @@ impl Session {
         let k = self.kernel(name)?;
         let (best_label, best) = self.best_version(k);
         let state = self.kernels.get(name);
-        let launch = [
-            best.launch
-                .grid
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            best.launch
-                .block
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            best.launch.smem.to_string(),
-        ];
+        let launch = context::launch_text(&best.launch);
         let figures = state
             .and_then(|s| s.best.as_ref())
             .map(|b| {

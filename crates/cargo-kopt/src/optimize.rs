@@ -472,6 +472,18 @@ pub fn optimize(
     Ok((run_id, results))
 }
 
+/// The geometric mean of a verdict's speedups over the reference on its declared (not
+/// held-out) shapes; `None` when nothing was timed.
+pub fn geo_speedup(v: &Verdict) -> Option<f64> {
+    let s: Vec<f64> = v
+        .shapes
+        .iter()
+        .filter(|s| !s.held_out)
+        .filter_map(|s| s.speedup)
+        .collect();
+    (!s.is_empty()).then(|| (s.iter().map(|x| x.ln()).sum::<f64>() / s.len() as f64).exp())
+}
+
 /// A verified winner and what its pending variant's rationale is built from.
 pub struct Winner<'a> {
     pub k: &'a Kernel,

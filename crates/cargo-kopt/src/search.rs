@@ -998,17 +998,9 @@ fn save_winner(
     if !w.verdict.accepted {
         return Ok(None);
     }
-    let speedups: Vec<f64> = w
-        .verdict
-        .shapes
-        .iter()
-        .filter(|s| !s.held_out)
-        .filter_map(|s| s.speedup)
-        .collect();
-    if speedups.is_empty() {
+    let Some(geo) = crate::optimize::geo_speedup(w.verdict) else {
         return Ok(None);
-    }
-    let geo = (speedups.iter().map(|x| x.ln()).sum::<f64>() / speedups.len() as f64).exp();
+    };
     let base_gain = w.base.map(|b| b.gain_over_reference).unwrap_or(1.0);
     if geo < base_gain * (1.0 + w.save.min_gain) {
         return Ok(None);

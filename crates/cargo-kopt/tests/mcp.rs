@@ -127,6 +127,21 @@ async fn an_agent_drives_the_verified_loop_over_stdio() {
     assert!(source.contains("rmsnorm_f16"));
     assert!(ctx["prompt"].as_str().unwrap().contains("rmsnorm_f16"));
 
+    let profiled = call(
+        &client,
+        "profile",
+        json!({ "kernel": "rmsnorm", "shape": "1" }),
+    )
+    .await
+    .unwrap();
+    assert!(
+        profiled["snapshot"]["shape"]
+            .as_str()
+            .unwrap()
+            .contains("rows=64"),
+        "{profiled:#}"
+    );
+
     // A candidate that fails numerics: the verdict localises the failure.
     let wrong = format!("{source}\n// kopt-fake: wrong y 100\n");
     let v = call(
