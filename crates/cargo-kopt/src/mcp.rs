@@ -738,16 +738,46 @@ impl Session {
         let k = self.kernel(&a.kernel)?;
         let r = search::search(&self.g, k, &o, true).map_err(internal)?;
         self.search_evals += r.evaluations;
-        if let Some(p) = &r.pending {
-            let (package, rest) = p.split_once('/').unwrap_or(("", p));
-            let mut parts = rest.split('/');
+        let mut became = None;
+        if let (Some(saved), Some(verdict)) = (&r.saved, &r.best_verified) {
+            let (package, rest) = saved.label.split_once('/').unwrap_or(("", &saved.label));
+            let arch = rest.rsplit('/').next().unwrap_or("").to_string();
             let _ = self.journal.append(Event::PendingSaved {
                 package: package.to_string(),
-                kernel: parts.next().unwrap_or("").to_string(),
-                arch: parts.next().unwrap_or("").to_string(),
-                variant: format!("from search run {}", r.run_id),
+                kernel: a.kernel.clone(),
+                arch,
+                variant: format!("{} (search run {})", saved.version.id, r.run_id),
                 replaced: None,
             });
+            // The winner becomes the session's current best, a candidate like the others.
+            let id = format!("m{}s", self.proposals);
+            let id = if self.tried.contains_key(&id) {
+                format!("{id}{}", self.tried.len())
+            } else {
+                id
+            };
+            let version = KernelVersion {
+                id: id.clone(),
+                ..saved.version.clone()
+            };
+            self.tried.insert(
+                id.clone(),
+                Tried {
+                    kernel: a.kernel.clone(),
+                    resolved: Resolved {
+                        proposal: saved.proposal.clone(),
+                        source: version.source.clone(),
+                    },
+                    version: version.clone(),
+                    verdict: verdict.clone(),
+                },
+            );
+            self.kernels.entry(a.kernel.clone()).or_default().best = Some(Best {
+                id: id.clone(),
+                version,
+                verdict: verdict.clone(),
+            });
+            became = Some(id);
         }
         Ok(json!({
             "run_id": r.run_id,
@@ -759,6 +789,7 @@ impl Session {
             "best_verified": r.best_verified.as_ref().map(|v| json!({"accepted": v.accepted, "summary": v.summary(), "shapes": shape_figures(v)})),
             "leaderboard": r.leaderboard,
             "pending": r.pending,
+            "candidate": became,
             "budget_left": self.budget_left(),
         }))
     }
@@ -910,7 +941,7 @@ impl KoptMcp {
     }
 
     #[tool(
-        description = "A parameter search (tunable defines, so launch geometry, and compile options) around a verified candidate of this session (default: the current best), under the session's evaluation budget. The best point is verified in full; when it beats the candidate it becomes a pending variant.",
+        description = "A parameter search (tunable defines, so launch geometry, and compile options) around a verified candidate of this session (default: the current best), under the session's evaluation budget. The best point is verified in full; when it beats the candidate it becomes a pending variant and the session's current best (answered as `candidate`, an id for `explain_verdict` and later calls).",
         input_schema = input_schema::<SearchArgs>()
     )]
     async fn search(&self, Parameters(raw): Raw) -> Result<CallToolResult, ErrorData> {

@@ -590,6 +590,19 @@ pub struct SearchReport {
     /// `package/kernel/arch` of the winner saved as a pending variant (`--save`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending: Option<String>,
+    /// The saved winner itself, for callers that build on it (the MCP session).
+    #[serde(skip)]
+    pub saved: Option<Saved>,
+}
+
+/// A search winner saved as a pending variant.
+#[derive(Debug, Clone)]
+pub struct Saved {
+    /// `package/kernel/arch`.
+    pub label: String,
+    pub version: KernelVersion,
+    /// The reasons its rationale cites.
+    pub proposal: kopt_agent::proposal::Proposal,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -966,7 +979,8 @@ pub fn search(
             best_verified,
         },
     );
-    r.pending = pending;
+    r.pending = pending.as_ref().map(|p| p.label.clone());
+    r.saved = pending;
     Ok(r)
 }
 
@@ -986,14 +1000,14 @@ struct WinnerFound<'a> {
 /// Saves the best point as a pending variant when its full verification passed and it
 /// beats the base (the reference, or the candidate searched around) by `min_gain`; the
 /// rationale cites the base's stated reasons, then each parameter the search changed.
-/// Returns `package/kernel/arch` of the pending variant, or why nothing was saved.
+/// Returns the saved winner, or `None` when nothing beat the base.
 fn save_winner(
     g: &Gathered,
     k: &Kernel,
     ev: &mut EngineEvaluator<'_>,
     space: &Space,
     w: WinnerFound<'_>,
-) -> Result<Option<String>, String> {
+) -> Result<Option<Saved>, String> {
     use kopt_agent::proposal::{Diagnosis, Proposal, ProposedChange};
     if !w.verdict.accepted {
         return Ok(None);
@@ -1114,7 +1128,11 @@ fn save_winner(
     })?;
     let kopt = KoptDir::new(&g.target_dir);
     kopt_store::pending::save(&kopt, &pending).map_err(|e| e.to_string())?;
-    Ok(Some(pending.label()))
+    Ok(Some(Saved {
+        label: pending.label(),
+        version,
+        proposal,
+    }))
 }
 
 struct ReportParts {
@@ -1209,6 +1227,7 @@ fn report(
         per_shape: parts.per_shape,
         leaderboard: board.into_iter().take(10).filter_map(placed).collect(),
         pending: None,
+        saved: None,
     }
 }
 

@@ -208,6 +208,26 @@ async fn an_agent_drives_the_verified_loop_over_stdio() {
     .unwrap();
     assert!(s["evaluations"].as_u64().unwrap() <= 6, "{s:#}");
     assert!(s["pending"].is_string(), "{s:#}");
+    // ... and the session's current best, a candidate like the agent's own.
+    let searched = s["candidate"].as_str().expect("the winner's candidate id");
+    let listed = call(&client, "list_kernels", json!({})).await.unwrap();
+    let rms = listed["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kernel"] == "rmsnorm")
+        .unwrap();
+    assert_eq!(rms["session_best"]["candidate"], json!(searched), "{rms:#}");
+    let explained = call(&client, "explain_verdict", json!({ "candidate": searched }))
+        .await
+        .unwrap();
+    assert_eq!(explained["accepted"], json!(true));
+    assert!(
+        explained["proposal"]["changes"]
+            .to_string()
+            .contains("--use_fast_math"),
+        "{explained:#}"
+    );
 
     // Malformed calls get errors that say what was wrong.
     assert!(
