@@ -8,6 +8,7 @@
 //! - [`profile`]: `cargo kopt profile`, the bottleneck snapshot of a kernel (issue 5);
 //! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
 //! - [`review`]: the interactive review of pending variants;
+//! - [`mcp`]: `cargo kopt mcp`, the verified loop as MCP tools for a coding agent (issue 8);
 //! - [`search`]: `search` and `search-bench` over `kopt-search` and the engine;
 //! - [`store_cli`]: the store commands' arguments and their rendering;
 //! - [`table`]: plain-text tables for people.
@@ -15,6 +16,7 @@
 pub mod commands;
 pub mod eval;
 pub mod gather;
+pub mod mcp;
 pub mod optimize;
 pub mod profile;
 pub mod render;

@@ -203,6 +203,31 @@ enum Command {
         #[command(flatten)]
         eval: EvalArgs,
     },
+    // --- mcp (issue 8)
+    /// Serve the verified loop as Model Context Protocol tools over stdio, for a coding
+    /// agent to drive: list_kernels, get_context, profile, propose_variant, search,
+    /// list_pending, explain_verdict. Winners become pending variants; nothing committed
+    /// is written (`cargo kopt review` accepts).
+    Mcp {
+        /// The agent's name, recorded in the journal and the rationales as `mcp:NAME`.
+        #[arg(long, default_value = "agent")]
+        agent_name: String,
+        /// Candidates verified at most in the session.
+        #[arg(long, default_value_t = 24)]
+        max_proposals: u32,
+        /// Search evaluations at most in the session.
+        #[arg(long, default_value_t = 200)]
+        max_search_evals: usize,
+        /// Largest candidate source or diff, in bytes.
+        #[arg(long, default_value_t = 65536)]
+        max_candidate_bytes: usize,
+        /// Profile without Nsight Compute.
+        #[arg(long)]
+        no_ncu: bool,
+        #[command(flatten)]
+        eval: EvalArgs,
+    },
+    // --- end of mcp (issue 8)
     // --- profile (issue 5)
     /// Profile one version of a kernel on one declared shape: the engine's figures,
     /// Nsight Compute (where `ncu` exists), PTX and SASS, and the source's structure,
@@ -288,6 +313,10 @@ enum Command {
         /// Skip the full verification of the best points at the end.
         #[arg(long)]
         no_verify: bool,
+        /// Save the best point as a pending variant (for `cargo kopt review`) when its
+        /// full verification passes and it beats the reference by 3%.
+        #[arg(long, conflicts_with = "no_verify")]
+        save: bool,
         #[command(flatten)]
         eval: EvalArgs,
     },
@@ -691,6 +720,41 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         // --- end of optimize (issue 7)
+        // --- mcp (issue 8)
+        Command::Mcp {
+            agent_name,
+            max_proposals,
+            max_search_evals,
+            max_candidate_bytes,
+            no_ncu,
+            eval: args,
+        } => {
+            let cfg = cargo_kopt::mcp::Config {
+                agent: agent_name,
+                limits: cargo_kopt::mcp::Limits {
+                    max_proposals,
+                    max_search_evals,
+                    max_candidate_bytes,
+                    ..Default::default()
+                },
+                settings: args.settings(),
+                ncu: kopt_profile::collect::NcuChoice {
+                    explicit: None,
+                    disabled: no_ncu,
+                    timeout: Some(std::time::Duration::from_secs(600)),
+                },
+                step_timeout: args.step_timeout,
+            };
+            let server = cargo_kopt::mcp::KoptMcp::new(gathered, cfg)?;
+            // Standard output carries the protocol: people read standard error.
+            eprintln!(
+                "cargo kopt mcp: serving over stdio; journal in target/kopt/runs/{}/",
+                server.run_id()
+            );
+            cargo_kopt::mcp::serve_stdio(server)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        // --- end of mcp (issue 8)
         // --- search (issue 6)
         Command::Search {
             kernel,
@@ -706,6 +770,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             keep_rounds,
             threads,
             no_verify,
+            save,
             eval: args,
         } => {
             let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
@@ -724,6 +789,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 eval: args.settings(),
                 step_timeout: args.step_timeout,
                 no_verify,
+                base: None,
+                save: save.then(|| search::SaveWinner {
+                    agent: "search".into(),
+                    min_gain: 0.03,
+                }),
             };
             let report = search::search(&gathered, k, &o, json)?;
             if json {

@@ -407,7 +407,7 @@ pub fn optimize(
         if let Some(lib) = library.as_mut() {
             for t in &outcome.tried {
                 if let (Some(r), Some(v)) = (&t.resolved, &t.verdict) {
-                    let _ = lib.upsert(&tried_case(k, &run_id, &device.arch, t, r, v));
+                    let _ = lib.upsert(&tried_case(k, &run_id, &device.arch, &t.id, r, v));
                 }
             }
         }
@@ -433,23 +433,31 @@ pub fn optimize(
                 .ok();
         }
         if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
-            let pending = pending_variant(
-                snapshot.as_ref().map(|s| s.for_rationale()),
+            let pending = pending_variant(&Winner {
                 k,
-                &device.arch,
-                &device.name,
-                device.driver_api,
-                ceilings.as_ref().map(|c| c.copy_gbs),
+                arch: &device.arch,
+                device_name: &device.name,
+                driver_api: device.driver_api,
+                copy_gbs: ceilings.as_ref().map(|c| c.copy_gbs),
+                snapshot_before: snapshot.as_ref().map(|s| s.for_rationale()),
                 version,
-                resolved,
+                proposal: &resolved.proposal,
                 verdict,
-                &job,
-                &opts.agent,
-                &run_id,
-                &session,
-                &g.workspace_root,
-                &outcome,
-            )?;
+                job: &job,
+                agent: &opts.agent,
+                run_id: &run_id,
+                session: &session,
+                root: &g.workspace_root,
+                budget: files::BudgetUsed {
+                    rounds: Some(outcome.rounds),
+                    candidates: Some(outcome.tried.len() as u32),
+                    wall_time_s: None,
+                    tokens: Some(
+                        outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens,
+                    ),
+                    cost_usd: Some(outcome.spend.dollars),
+                },
+            })?;
             let saved = journal
                 .save_pending(&kopt, &pending)
                 .map_err(|e| e.to_string())?;
@@ -464,26 +472,61 @@ pub fn optimize(
     Ok((run_id, results))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn pending_variant(
-    snapshot_before: Option<files::BottleneckSnapshot>,
-    k: &Kernel,
-    arch: &str,
-    device_name: &str,
-    driver_api: u32,
-    copy_gbs: Option<f64>,
-    version: &KernelVersion,
-    resolved: &kopt_agent::proposal::Resolved,
-    verdict: &Verdict,
-    job: &EvalJob,
-    agent: &str,
-    run_id: &str,
-    session: &std::path::Path,
-    root: &std::path::Path,
-    outcome: &run::Outcome,
-) -> Result<PendingVariant, String> {
+/// The geometric mean of a verdict's speedups over the reference on its declared (not
+/// held-out) shapes; `None` when nothing was timed.
+pub fn geo_speedup(v: &Verdict) -> Option<f64> {
+    let s: Vec<f64> = v
+        .shapes
+        .iter()
+        .filter(|s| !s.held_out)
+        .filter_map(|s| s.speedup)
+        .collect();
+    (!s.is_empty()).then(|| (s.iter().map(|x| x.ln()).sum::<f64>() / s.len() as f64).exp())
+}
+
+/// A verified winner and what its pending variant's rationale is built from.
+pub struct Winner<'a> {
+    pub k: &'a Kernel,
+    pub arch: &'a str,
+    pub device_name: &'a str,
+    pub driver_api: u32,
+    pub copy_gbs: Option<f64>,
+    pub snapshot_before: Option<files::BottleneckSnapshot>,
+    pub version: &'a KernelVersion,
+    /// The stated reasons (diagnosis, changes, risks) the rationale cites.
+    pub proposal: &'a kopt_agent::proposal::Proposal,
+    pub verdict: &'a Verdict,
+    /// The job the verdict came from (its shapes and seeds are the evidence).
+    pub job: &'a EvalJob,
+    pub agent: &'a str,
+    pub run_id: &'a str,
+    /// The recorded session (or journal) the rationale points to.
+    pub session: &'a std::path::Path,
+    pub root: &'a std::path::Path,
+    pub budget: files::BudgetUsed,
+}
+
+/// The pending variant of a verified winner, its rationale built (and checked) from the
+/// evidence: refuses a winner whose evidence does not support it.
+pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
+    let Winner {
+        k,
+        arch,
+        device_name,
+        driver_api,
+        copy_gbs,
+        version,
+        verdict,
+        job,
+        agent,
+        run_id,
+        session,
+        root,
+        ..
+    } = *w;
+    let snapshot_before = w.snapshot_before.clone();
     let variant_id = format!("{}-{}", run_id, version.id).replace(['/', ' '], "-");
-    let p = &resolved.proposal;
+    let p = w.proposal;
     let session_rel = session
         .strip_prefix(root)
         .unwrap_or(session)
@@ -583,13 +626,7 @@ fn pending_variant(
         agent: agent.to_string(),
         date: run_id.to_string(),
         session: Some(session_rel.clone()),
-        budget: Some(files::BudgetUsed {
-            rounds: Some(outcome.rounds),
-            candidates: Some(outcome.tried.len() as u32),
-            wall_time_s: None,
-            tokens: Some(outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens),
-            cost_usd: Some(outcome.spend.dollars),
-        }),
+        budget: Some(w.budget.clone()),
     };
     let rationale = evidence::build(&e).map_err(|e| e.to_string())?;
     let variant = VariantFile {
@@ -659,7 +696,7 @@ fn pending_variant(
 
 /// Up to five similar past cases, by structure and identifiers (no metric vector until a
 /// snapshot is taken).
-fn similar_cases(
+pub fn similar_cases(
     lib: Option<&kopt_store::cases::CaseLibrary>,
     kernel: &str,
     source: &str,
@@ -701,11 +738,11 @@ fn similar_cases(
 
 /// A candidate of the loop as a case: accepted ones with their speedup, the others as
 /// negative cases with the fence that stopped them.
-fn tried_case(
+pub fn tried_case(
     k: &Kernel,
     run_id: &str,
     arch: &str,
-    t: &run::Tried,
+    candidate: &str,
     r: &kopt_agent::proposal::Resolved,
     v: &Verdict,
 ) -> kopt_store::cases::Case {
@@ -715,7 +752,10 @@ fn tried_case(
         .then(|| (speedups.iter().map(|x| x.ln()).sum::<f64>() / speedups.len() as f64).exp());
     let failure = v.failures.first().map(|f| f.fence.name().to_string());
     Case {
-        id: format!("{}/{}/{}-{}@{arch}", k.package, k.spec.name, run_id, t.id),
+        id: format!(
+            "{}/{}/{}-{candidate}@{arch}",
+            k.package, k.spec.name, run_id
+        ),
         kind: kopt_store::features::infer_kind(&k.spec.name, &r.source).to_string(),
         features: Features {
             metrics: BTreeMap::new(),
@@ -748,7 +788,7 @@ fn tried_case(
             repo: None,
             krate: Some(k.package.clone()),
             kernel: k.spec.name.clone(),
-            variant: Some(format!("{run_id}-{}", t.id)),
+            variant: Some(format!("{run_id}-{candidate}")),
             arch: Some(arch.to_string()),
         },
     }
@@ -756,7 +796,7 @@ fn tried_case(
 
 /// Profiles the reference on its first declared shape (engine figures, ncu where it
 /// exists, PTX/SASS, structure) into `dir`; `None` when nothing could be measured.
-fn profile_reference(
+pub fn profile_reference(
     g: &Gathered,
     k: &Kernel,
     engine: &mut Engine,

@@ -93,21 +93,43 @@ pub fn ptx_global_load_bytes(ptx: &str) -> Option<u32> {
 
 /// Compiles points on CPU threads: NVRTC, or the fake device's compiler.
 pub struct NvrtcCompiler {
+    /// The version points vary (the reference, or the candidate searched around).
     pub template: KernelVersion,
+    /// The spec's own NVRTC options (every point carries them already).
+    pub spec_options: Vec<String>,
     pub cc: (i32, i32),
     pub fake: bool,
 }
 
+/// The version a point stands for: `base` (the reference, or the candidate searched
+/// around) with the point's defines over the base's, and the point's options followed by
+/// the base's own options that the spec does not already give.
+pub fn point_version(
+    base: &KernelVersion,
+    spec_options: &[String],
+    p: &PointSpec,
+) -> KernelVersion {
+    let mut defines = base.defines.clone();
+    defines.extend(p.defines.iter().map(|(k, v)| (k.clone(), *v)));
+    let mut options = p.options.clone();
+    for o in &base.options {
+        if !spec_options.contains(o) && !options.contains(o) {
+            options.push(o.clone());
+        }
+    }
+    KernelVersion {
+        id: p.label.clone(),
+        defines,
+        options,
+        ptx: None,
+        cubin: None,
+        ..base.clone()
+    }
+}
+
 impl NvrtcCompiler {
     fn version(&self, p: &PointSpec) -> KernelVersion {
-        KernelVersion {
-            id: p.label.clone(),
-            defines: p.defines.clone(),
-            options: p.options.clone(),
-            ptx: None,
-            cubin: None,
-            ..self.template.clone()
-        }
+        point_version(&self.template, &self.spec_options, p)
     }
 
     /// Compiles a version for the worker's exact architecture (a cubin, so that the
@@ -196,6 +218,8 @@ pub struct EngineEvaluator<'a> {
     pub compiler: Arc<NvrtcCompiler>,
     /// The reference, with its PTX compiled once.
     pub reference: KernelVersion,
+    /// What points vary: the reference, or a candidate ([`EngineEvaluator::around`]).
+    pub base: KernelVersion,
     /// Wall seconds per worker step (`compile`, `check (declared)`, `timing`...), summed
     /// over every evaluation: where the device side spends its time.
     pub steps: BTreeMap<String, f64>,
@@ -214,12 +238,14 @@ impl<'a> EngineEvaluator<'a> {
         let template = KernelVersion::reference(&k.spec, &k.reference.text);
         let compiler = Arc::new(NvrtcCompiler {
             template: template.clone(),
+            spec_options: k.spec.options.clone(),
             cc: (
                 device.compute_capability.0 as i32,
                 device.compute_capability.1 as i32,
             ),
             fake,
         });
+        let base = template.clone();
         let mut reference = template;
         compiler
             .compile_version(&reference)
@@ -242,8 +268,23 @@ impl<'a> EngineEvaluator<'a> {
             device,
             compiler,
             reference,
+            base,
             steps: BTreeMap::new(),
         })
+    }
+
+    /// Searches around `base` (a candidate's source, launch rule, defines and options)
+    /// instead of the reference; the reference stays what every point is checked and
+    /// timed against.
+    pub fn around(mut self, base: KernelVersion) -> Self {
+        self.compiler = Arc::new(NvrtcCompiler {
+            template: base.clone(),
+            spec_options: self.k.spec.options.clone(),
+            cc: self.compiler.cc,
+            fake: self.compiler.fake,
+        });
+        self.base = base;
+        self
     }
 
     pub fn ceilings(&self) -> Option<&Ceilings> {
@@ -251,14 +292,13 @@ impl<'a> EngineEvaluator<'a> {
     }
 
     fn version(&self, p: &PointSpec, code: Option<&str>) -> KernelVersion {
-        KernelVersion {
-            id: p.label.clone(),
-            defines: p.defines.clone(),
-            options: p.options.clone(),
-            ptx: code.filter(|_| self.compiler.fake).map(String::from),
-            cubin: code.filter(|_| !self.compiler.fake).map(String::from),
-            ..KernelVersion::reference(&self.k.spec, &self.k.reference.text)
+        let mut v = point_version(&self.base, &self.k.spec.options, p);
+        if self.compiler.fake {
+            v.ptx = code.map(String::from);
+        } else {
+            v.cubin = code.map(String::from);
         }
+        v
     }
 
     /// A search evaluation: the declared shapes, the settings' timing policy.
@@ -287,8 +327,13 @@ impl<'a> EngineEvaluator<'a> {
     }
 
     /// The full verification of one point: held-out shapes valid for its defines, the
-    /// default timing policy, every fence.
-    pub fn verify(&mut self, p: &PointSpec, progress: &mut dyn FnMut(&str)) -> Verdict {
+    /// default timing policy, every fence. Returns the job too: its shapes and seeds are
+    /// a saved winner's evidence.
+    pub fn verify(
+        &mut self,
+        p: &PointSpec,
+        progress: &mut dyn FnMut(&str),
+    ) -> (Verdict, kopt_engine::job::EvalJob) {
         let mut v = self.version(p, None);
         if let Ok(code) = self.compiler.compile_version(&v) {
             code.attach(&mut v);
@@ -309,16 +354,17 @@ impl<'a> EngineEvaluator<'a> {
             .unwrap_or(0)
             * 2;
         let salt = kopt_engine::engine::seed_salt(&kopt_dir(self.g));
+        let defines = job.candidate.defines.clone();
         job.shapes.extend(held_out_shapes_for(
             spec,
-            &p.defines,
+            &defines,
             None,
             salt ^ 0x5EED,
             1,
             max_bytes,
         ));
         let ev = self.engine.evaluate(&job, progress);
-        self.judge.judge(&ev.report)
+        (self.judge.judge(&ev.report), job)
     }
 }
 
@@ -490,6 +536,49 @@ pub struct SearchOptions {
     pub step_timeout: u64,
     /// Skip the full verification of the best points.
     pub no_verify: bool,
+    /// Search around this candidate instead of the reference.
+    pub base: Option<SearchBase>,
+    /// Save a verified winner that beats the base as a pending variant.
+    pub save: Option<SaveWinner>,
+}
+
+/// A candidate to search around.
+#[derive(Debug, Clone)]
+pub struct SearchBase {
+    /// Its source, launch rule, defines and options; its defines become the space's
+    /// starting point.
+    pub version: KernelVersion,
+    /// The agent's reasons for it, which a saved winner's rationale cites.
+    pub proposal: Option<kopt_agent::proposal::Proposal>,
+    /// Its verified speedup over the reference (geometric mean over the declared shapes;
+    /// 1 for the reference): a winner must beat it to be saved.
+    pub gain_over_reference: f64,
+}
+
+/// How a winner is saved as a pending variant.
+#[derive(Debug, Clone)]
+pub struct SaveWinner {
+    /// Who found it (`search`, `mcp:NAME`), as the rationale's agent.
+    pub agent: String,
+    /// The winner must beat the base by this fraction (geometric mean over the shapes).
+    pub min_gain: f64,
+}
+
+/// The spec the space is built from when searching around `base`: its launch rule, and
+/// each tunable's default moved to the base's value (added to the values when missing),
+/// so that strategies start at the base and the space's launch checks are the base's.
+pub fn spec_around(spec: &kopt_spec::KernelSpec, base: &KernelVersion) -> kopt_spec::KernelSpec {
+    let mut s = spec.clone();
+    s.launch = base.launch.clone();
+    for t in &mut s.tunables {
+        if let Some(v) = base.defines.get(&t.name) {
+            if !t.values.contains(v) {
+                t.values.push(*v);
+            }
+            t.default = *v;
+        }
+    }
+    s
 }
 
 /// A row of the leaderboard.
@@ -545,6 +634,22 @@ pub struct SearchReport {
     pub best_verified: Option<Verdict>,
     pub per_shape: Vec<ShapeBest>,
     pub leaderboard: Vec<Placed>,
+    /// `package/kernel/arch` of the winner saved as a pending variant (`--save`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<String>,
+    /// The saved winner itself, for callers that build on it (the MCP session).
+    #[serde(skip)]
+    pub saved: Option<Saved>,
+}
+
+/// A search winner saved as a pending variant.
+#[derive(Debug, Clone)]
+pub struct Saved {
+    /// `package/kernel/arch`.
+    pub label: String,
+    pub version: KernelVersion,
+    /// The reasons its rationale cites.
+    pub proposal: kopt_agent::proposal::Proposal,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -644,11 +749,19 @@ fn setup<'a>(
     eval_settings: &eval::Settings,
     step_timeout: u64,
     options: &OptionAxes,
+    base: Option<&KernelVersion>,
 ) -> Result<(EngineEvaluator<'a>, Space), String> {
     let mut engine = eval::engine(g, eval_settings)?;
     engine.worker.step_timeout = std::time::Duration::from_secs(step_timeout);
-    let ev = EngineEvaluator::new(g, k, engine, eval_settings.clone())?;
-    let space = Space::build(&k.spec, &Limits::from_device(&ev.device), options)
+    let mut ev = EngineEvaluator::new(g, k, engine, eval_settings.clone())?;
+    let spec = match base {
+        Some(b) => {
+            ev = ev.around(b.clone());
+            spec_around(&k.spec, b)
+        }
+        None => k.spec.clone(),
+    };
+    let space = Space::build(&spec, &Limits::from_device(&ev.device), options)
         .map_err(|e| e.to_string())?;
     Ok((ev, space))
 }
@@ -718,7 +831,14 @@ pub fn search(
     let mut eval_settings = o.eval.clone();
     eval_settings.timing = search_timing();
     eval_settings.held_out_per_shape = 0;
-    let (mut ev, mut space) = setup(g, k, &eval_settings, o.step_timeout, &o.options)?;
+    let (mut ev, mut space) = setup(
+        g,
+        k,
+        &eval_settings,
+        o.step_timeout,
+        &o.options,
+        o.base.as_ref().map(|b| &b.version),
+    )?;
     let kopt = KoptDir::new(&g.target_dir);
     let run_id = o
         .resume
@@ -834,6 +954,7 @@ pub fn search(
     // Full verification of the best point and of each shape's best.
     let mut per_shape = best_per_shape(&summary);
     let mut best_verified = None;
+    let mut best_job = None;
     if !o.no_verify {
         let mut verified: HashMap<String, Verdict> = HashMap::new();
         let mut labels: Vec<(usize, String)> = Vec::new();
@@ -851,9 +972,12 @@ pub fn search(
             progress
                 .bar
                 .set_message(format!("verifying {label} in full"));
-            let v = ev.verify(&PointSpec::of(&space, id), &mut |m| {
+            let (v, job) = ev.verify(&PointSpec::of(&space, id), &mut |m| {
                 progress.bar.set_message(m.to_string())
             });
+            if summary.best_record().is_some_and(|b| b.id == id) {
+                best_job = Some(job);
+            }
             verified.insert(label, v);
         }
         for s in &mut per_shape {
@@ -864,8 +988,28 @@ pub fn search(
             .and_then(|b| verified.remove(&b.label));
     }
     progress.finish();
+    let pending = match (&o.save, &best_verified, &best_job, summary.best_record()) {
+        (Some(save), Some(verdict), Some(job), Some(best)) => save_winner(
+            g,
+            k,
+            &mut ev,
+            &space,
+            WinnerFound {
+                best,
+                verdict,
+                job,
+                base: o.base.as_ref(),
+                save,
+                run_id: j.run_id(),
+                journal: j.dir(),
+                evaluations: summary.evaluations,
+                seconds: summary.seconds,
+            },
+        )?,
+        _ => None,
+    };
     ev.engine.worker.shutdown();
-    Ok(report(
+    let mut r = report(
         k,
         &space,
         &ev.device,
@@ -881,7 +1025,156 @@ pub fn search(
             per_shape,
             best_verified,
         },
-    ))
+    );
+    r.pending = pending.as_ref().map(|p| p.label.clone());
+    r.saved = pending;
+    Ok(r)
+}
+
+/// The search's best point, verified in full, and what it is saved with.
+struct WinnerFound<'a> {
+    best: &'a Record,
+    verdict: &'a Verdict,
+    job: &'a kopt_engine::job::EvalJob,
+    base: Option<&'a SearchBase>,
+    save: &'a SaveWinner,
+    run_id: &'a str,
+    journal: &'a Path,
+    evaluations: usize,
+    seconds: f64,
+}
+
+/// Saves the best point as a pending variant when its full verification passed and it
+/// beats the base (the reference, or the candidate searched around) by `min_gain`; the
+/// rationale cites the base's stated reasons, then each parameter the search changed.
+/// Returns the saved winner, or `None` when nothing beat the base.
+fn save_winner(
+    g: &Gathered,
+    k: &Kernel,
+    ev: &mut EngineEvaluator<'_>,
+    space: &Space,
+    w: WinnerFound<'_>,
+) -> Result<Option<Saved>, String> {
+    use kopt_agent::proposal::{Diagnosis, Proposal, ProposedChange};
+    if !w.verdict.accepted {
+        return Ok(None);
+    }
+    let Some(geo) = crate::optimize::geo_speedup(w.verdict) else {
+        return Ok(None);
+    };
+    let base_gain = w.base.map(|b| b.gain_over_reference).unwrap_or(1.0);
+    if geo < base_gain * (1.0 + w.save.min_gain) {
+        return Ok(None);
+    }
+    let best_version = point_version(&ev.base, &k.spec.options, &PointSpec::of(space, w.best.id));
+    let mut changes: Vec<ProposedChange> = Vec::new();
+    for (name, value) in &best_version.defines {
+        let before = ev.base.defines.get(name);
+        if before != Some(value) {
+            changes.push(ProposedChange {
+                what: format!(
+                    "`{name}` {} -> {value}",
+                    before.map(|b| b.to_string()).unwrap_or_else(|| "unset".into())
+                ),
+                why: format!(
+                    "the parameter search measured this point ({}) fastest of {} evaluated, {geo:.2}x the reference's time over the declared shapes",
+                    w.best.label, w.evaluations
+                ),
+            });
+        }
+    }
+    for o in best_version
+        .options
+        .iter()
+        .filter(|o| !ev.base.options.contains(o))
+    {
+        changes.push(ProposedChange {
+            what: format!("NVRTC option `{o}`"),
+            why: format!(
+                "the parameter search measured this point ({}) fastest of {} evaluated; numerics passed with it on every shape",
+                w.best.label, w.evaluations
+            ),
+        });
+    }
+    let base_proposal = w.base.and_then(|b| b.proposal.clone());
+    if changes.is_empty() && base_proposal.is_none() {
+        // The reference's own configuration won: nothing to review.
+        return Ok(None);
+    }
+    let figures: Vec<String> = w
+        .verdict
+        .shapes
+        .iter()
+        .filter(|s| !s.held_out)
+        .filter_map(|s| {
+            Some(format!(
+                "{}: {:.2} µs against the reference's {:.2} µs",
+                s.shape, s.candidate_us?, s.reference_us?
+            ))
+        })
+        .collect();
+    let proposal = match base_proposal {
+        Some(mut p) => {
+            p.diagnosis.evidence.extend(figures);
+            p.changes.extend(changes);
+            p
+        }
+        None => Proposal {
+            diagnosis: Diagnosis {
+                bottleneck: "launch configuration".into(),
+                summary: format!(
+                    "A parameter search over the tunables and compile options found {} faster than the reference ({geo:.2}x over the declared shapes).",
+                    w.best.label
+                ),
+                evidence: figures,
+            },
+            changes,
+            risks: vec!["a configuration tuned on the declared shapes may be slower on others".into()],
+            expected: vec![],
+            candidate: kopt_agent::proposal::Candidate {
+                source: Some(best_version.source.clone()),
+                diff: None,
+            },
+            launch: None,
+            defines: best_version.defines.clone(),
+            options: best_version.options.clone(),
+            matrix: None,
+        },
+    };
+    let version = KernelVersion {
+        id: format!("search-{}", w.best.label.replace([' ', '='], "-")),
+        ..best_version
+    };
+    let pending = crate::optimize::pending_variant(&crate::optimize::Winner {
+        k,
+        arch: &ev.device.arch,
+        device_name: &ev.device.name,
+        driver_api: ev.device.driver_api,
+        copy_gbs: ev.ceilings().map(|c| c.copy_gbs),
+        snapshot_before: None,
+        version: &version,
+        proposal: &proposal,
+        verdict: w.verdict,
+        job: w.job,
+        agent: &w.save.agent,
+        run_id: w.run_id,
+        session: &w.journal.join("journal.jsonl"),
+        root: &g.workspace_root,
+        budget: kopt_spec::files::BudgetUsed {
+            rounds: None,
+            candidates: Some(w.evaluations as u32),
+            wall_time_s: Some(w.seconds),
+            tokens: None,
+            cost_usd: None,
+        },
+    })?;
+    let kopt = KoptDir::new(&g.target_dir);
+    kopt_store::pending::save(&kopt, &pending).map_err(|e| e.to_string())?;
+    Ok(Some(Saved {
+        label: pending.label(),
+        version,
+        proposal,
+    }))
 }
 
 struct ReportParts {
@@ -975,6 +1268,8 @@ fn report(
         best_verified: parts.best_verified,
         per_shape: parts.per_shape,
         leaderboard: board.into_iter().take(10).filter_map(placed).collect(),
+        pending: None,
+        saved: None,
     }
 }
 
@@ -1030,7 +1325,7 @@ pub fn search_bench(
     eval_settings.held_out_per_shape = 0;
     // Every evaluation is measured, never answered from the cache.
     eval_settings.use_cache = false;
-    let (mut ev, space) = setup(g, k, &eval_settings, o.step_timeout, &o.options)?;
+    let (mut ev, space) = setup(g, k, &eval_settings, o.step_timeout, &o.options, None)?;
     let mut progress = Progress::new(space.len() as u64, hidden);
     progress
         .bar
@@ -1251,6 +1546,12 @@ pub fn render_search(r: &SearchReport) {
                 b.label,
                 b.speedup
             );
+            if let Some(p) = &r.pending {
+                let _ = writeln!(
+                    out,
+                    "saved as a pending variant: {p} (`cargo kopt review` to accept it)"
+                );
+            }
         }
         None => {
             let _ = writeln!(out, "no point passed");

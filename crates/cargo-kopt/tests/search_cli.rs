@@ -84,6 +84,7 @@ fn exhaustive_search_finds_the_models_optimum_and_verifies_it() {
         "exhaustive",
         "--options",
         "none",
+        "--save",
     ]);
     assert_eq!(v["space"]["valid"], 216);
     assert_eq!(v["space"]["raw"], 288);
@@ -120,6 +121,19 @@ fn exhaustive_search_finds_the_models_optimum_and_verifies_it() {
     assert_eq!(candidates(&journal).len(), 216);
     let text = std::fs::read_to_string(&journal).unwrap();
     assert!(text.lines().last().unwrap().contains("run_finished"));
+    // `--save`: the verified winner waits for review, its rationale naming the changes.
+    assert_eq!(
+        v["pending"], "llm-kernels/row_sum/sm_90",
+        "{}",
+        v["pending"]
+    );
+    let pending = w.json(&["pending"]);
+    let row = &pending["pending"][0];
+    assert_eq!(row["status"], "ready", "{pending}");
+    let rationale =
+        std::fs::read_to_string(Path::new(row["dir"].as_str().unwrap()).join("rationale.json"))
+            .unwrap();
+    assert!(rationale.contains("`VEC` 1 -> 8"), "{rationale}");
 
     // The human rendering: best per shape, the leaderboard, how to resume.
     let o = w.run(&[

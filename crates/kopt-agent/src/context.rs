@@ -60,6 +60,22 @@ pub struct Feedback {
     pub details: Vec<String>,
 }
 
+/// A launch rule as the context shows it: grid, block and shared memory, each as
+/// expression text.
+pub fn launch_text(launch: &kopt_spec::spec::LaunchRule) -> [String; 3] {
+    let dims = |d: &[kopt_spec::expr::Expr; 3]| {
+        d.iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    [
+        dims(&launch.grid),
+        dims(&launch.block),
+        launch.smem.to_string(),
+    ]
+}
+
 /// Everything a propose request is assembled from.
 #[derive(Debug, Clone)]
 pub struct ContextInput<'a> {

@@ -315,23 +315,7 @@ pub fn optimize(
         }
 
         // The request: a reflection turn after repeated compile failures, else a proposal.
-        let launch = [
-            best_version
-                .launch
-                .grid
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            best_version
-                .launch
-                .block
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            best_version.launch.smem.to_string(),
-        ];
+        let launch = context::launch_text(&best_version.launch);
         let input = ContextInput {
             spec,
             round,
@@ -661,7 +645,7 @@ pub fn optimize(
 
 /// The candidate as a kernel version: its source, and the launch rule, defines and
 /// options it names (else the current best's).
-fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> KernelVersion {
+pub fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> KernelVersion {
     let mut v = best.clone();
     v.id = id.to_string();
     v.source = r.source.clone();
