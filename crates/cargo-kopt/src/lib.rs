@@ -7,6 +7,7 @@
 //! - [`render`]: their tables;
 //! - [`profile`]: `cargo kopt profile`, the bottleneck snapshot of a kernel (issue 5);
 //! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
+//! - [`report`]: `cargo kopt report`, the inputs of `kopt_report`'s HTML report;
 //! - [`review`]: the interactive review of pending variants;
 //! - [`search`]: `search` and `search-bench` over `kopt-search` and the engine;
 //! - [`store_cli`]: the store commands' arguments and their rendering;
@@ -18,6 +19,7 @@ pub mod gather;
 pub mod optimize;
 pub mod profile;
 pub mod render;
+pub mod report;
 pub mod review;
 pub mod search;
 pub mod store;
