@@ -234,26 +234,8 @@ pub fn version(u: &UsableVariant) -> KernelVersion {
     KernelVersion::variant(&u.variant, &u.source)
 }
 
-/// One row of `cargo kopt bench`.
-#[derive(Debug, Serialize)]
-pub struct BenchRow {
-    pub package: String,
-    pub kernel: String,
-    pub shape: String,
-    /// The version that runs on this device for this shape.
-    pub active: String,
-    pub reference_us: Option<f64>,
-    pub active_us: Option<f64>,
-    pub speedup: Option<f64>,
-    pub copy_bandwidth_pct: Option<f64>,
-    pub reference_copy_bandwidth_pct: Option<f64>,
-    pub flops_pct: Option<f64>,
-    pub spread: Option<f64>,
-    pub method: Option<String>,
-    pub cached: bool,
-    /// Set when the measurement itself failed (the active version did not pass).
-    pub problem: Option<String>,
-}
+/// One row of `cargo kopt bench` (the report reads the same type).
+pub use kopt_report::BenchRow;
 
 /// Times the reference and the active version of each declared shape.
 pub fn bench(

@@ -7,6 +7,7 @@
 //! - [`render`]: their tables;
 //! - [`profile`]: `cargo kopt profile`, the bottleneck snapshot of a kernel (issue 5);
 //! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
+//! - [`report`]: `cargo kopt report`, the inputs of `kopt_report`'s HTML report;
 //! - [`review`]: the interactive review of pending variants;
 //! - [`mcp`]: `cargo kopt mcp`, the verified loop as MCP tools for a coding agent (issue 8);
 //! - [`search`]: `search` and `search-bench` over `kopt-search` and the engine;
@@ -20,6 +21,7 @@ pub mod mcp;
 pub mod optimize;
 pub mod profile;
 pub mod render;
+pub mod report;
 pub mod review;
 pub mod search;
 pub mod store;

@@ -228,6 +228,33 @@ enum Command {
         eval: EvalArgs,
     },
     // --- end of mcp (issue 8)
+    /// Write one self-contained HTML report (SVG charts, no scripts): per kernel and
+    /// shape the reference against the active version and its share of the roofline, a
+    /// roofline plot, the search's convergence, and the verification evidence of the
+    /// committed and pending variants. Sections without data say which file fills them.
+    Report {
+        /// The JSON of `cargo kopt bench --message-format json`.
+        #[arg(long, value_name = "FILE")]
+        bench: Option<PathBuf>,
+        /// A file written by `cargo kopt search-bench KERNEL --json-out FILE` (repeat for
+        /// several kernels).
+        #[arg(long = "search-bench", value_name = "FILE")]
+        search_bench: Vec<PathBuf>,
+        /// A pending root holding <package>/<kernel>/<arch>/ folders (default: the
+        /// workspace's <target>/kopt/pending).
+        #[arg(long, value_name = "DIR")]
+        pending: Option<PathBuf>,
+        /// The report's title.
+        #[arg(long)]
+        title: Option<String>,
+        /// A date or note shown as when the report was generated (no clock is read, so
+        /// the same inputs give the same file).
+        #[arg(long, value_name = "TEXT")]
+        generated: Option<String>,
+        /// Where to write the HTML (default: <target>/kopt/report.html).
+        #[arg(short = 'o', long = "out", value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
     // --- profile (issue 5)
     /// Profile one version of a kernel on one declared shape: the engine's figures,
     /// Nsight Compute (where `ncu` exists), PTX and SASS, and the source's structure,
@@ -630,14 +657,17 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 })
                 .map_err(|e| e.to_string())?;
             bar.finish_and_clear();
+            let failed = rows.iter().any(|r| r.problem.is_some());
             if json {
-                print_json(
-                    &serde_json::json!({ "device": device, "ceilings": ceilings, "rows": rows }),
-                );
+                print_json(&kopt_report::BenchFile {
+                    device,
+                    ceilings,
+                    rows,
+                });
             } else {
                 render::bench(&device, ceilings.as_ref(), &rows);
             }
-            Ok(if rows.iter().any(|r| r.problem.is_some()) {
+            Ok(if failed {
                 ExitCode::from(1)
             } else {
                 ExitCode::SUCCESS
@@ -862,6 +892,40 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let candidate = eval::chosen_version(k, variant.as_deref())?;
             let shape = eval::shape_index(k, &shape)?;
             print_json(&eval::shape_job(&gathered, k, candidate, shape, false)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report {
+            bench,
+            search_bench,
+            pending,
+            title,
+            generated,
+            out,
+        } => {
+            let options = cargo_kopt::report::Options {
+                bench,
+                search_bench,
+                pending,
+                title,
+                generated,
+            };
+            let report = cargo_kopt::report::build(&gathered, &options)?;
+            let out = out.unwrap_or_else(|| gathered.target_dir.join("kopt/report.html"));
+            if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            }
+            std::fs::write(&out, kopt_report::render(&report))
+                .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+            let gaps = kopt_report::gaps(&report);
+            if json {
+                print_json(&serde_json::json!({ "path": out, "empty": gaps }));
+            } else {
+                println!("wrote {}", out.display());
+                for g in &gaps {
+                    println!("  empty: {g}");
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         // --- profile (issue 5)

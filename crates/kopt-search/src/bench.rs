@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::interesting::Interesting;
 use crate::run::{self, Budget, Evaluator, Outcome, PointSpec, Prior, Quiet, Settings};
@@ -22,7 +22,7 @@ use crate::space::Space;
 use crate::strategy::StrategyKind;
 
 /// The landscape an exhaustive run found.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Landscape {
     pub valid: usize,
     pub evaluated: usize,
@@ -98,7 +98,7 @@ impl Evaluator for Replay<'_> {
 }
 
 /// One search until the target.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Trial {
     pub strategy: StrategyKind,
     pub seeded: bool,
@@ -109,6 +109,11 @@ pub struct Trial {
     pub seconds: Option<f64>,
     pub total_evaluations: usize,
     pub total_seconds: f64,
+    /// The best cost after each evaluation, in order (None until a point passed): the
+    /// convergence curve. The trial stops at the target, so it is as long as
+    /// `total_evaluations`.
+    #[serde(default)]
+    pub best_so_far: Vec<Option<f64>>,
 }
 
 /// Runs one trial with `evaluator` until the best cost is at most `target_cost` (or the
@@ -148,8 +153,14 @@ pub fn trial(
     let overhead = summary.seconds_here;
     let mut device = 0.0;
     let mut reached: Option<(usize, f64)> = None;
+    let mut best: Option<f64> = None;
+    let mut best_so_far = Vec::with_capacity(summary.records.len());
     for r in &summary.records {
         device += r.outcome.seconds;
+        if let Some(c) = r.outcome.cost {
+            best = Some(best.map_or(c, |b: f64| b.min(c)));
+        }
+        best_so_far.push(best);
         if reached.is_none() && r.outcome.cost.is_some_and(|c| c <= target_cost) {
             let secs = if device_seconds {
                 device + overhead * r.seq as f64 / summary.records.len().max(1) as f64
@@ -171,11 +182,12 @@ pub fn trial(
         } else {
             summary.seconds
         },
+        best_so_far,
     }
 }
 
 /// A row of the convergence table.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
     pub strategy: StrategyKind,
     pub seeded: bool,
