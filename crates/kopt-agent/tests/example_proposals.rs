@@ -60,7 +60,10 @@ fn every_scripted_proposal_is_valid_for_its_kernel() {
             for shape in &spec.shapes {
                 let args = spec.shape_args(shape);
                 let g: Vec<i64> = grid.iter().map(|p| expr::eval(p, &args).unwrap()).collect();
-                let b: Vec<i64> = block.iter().map(|p| expr::eval(p, &args).unwrap()).collect();
+                let b: Vec<i64> = block
+                    .iter()
+                    .map(|p| expr::eval(p, &args).unwrap())
+                    .collect();
                 let s = expr::eval(&smem, &args).unwrap();
                 let label = kopt_spec::spec::shape_label(shape);
                 assert!(

@@ -210,7 +210,16 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
             stream.clone_htod(&bh)?,
         );
         let mut dy = poisoned::<f16>(stream, rows * cols, f16::NAN)?;
-        layer_norm(stream, &dx, &dw, &db, &mut dy, rows as u32, cols as u32, 1e-5)?;
+        layer_norm(
+            stream,
+            &dx,
+            &dw,
+            &db,
+            &mut dy,
+            rows as u32,
+            cols as u32,
+            1e-5,
+        )?;
         let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|v| v.to_f64()).collect();
         let ran = ran(&crate::LAYER_NORM, stream, &[rows as i64, cols as i64, 0])?;
         checks.push(compare(
@@ -266,11 +275,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
     }
 
     // Whole tiles; M, N and K past the tiles (N and K multiples of 8); odd sizes.
-    for &(m, n, k) in &[
-        (256usize, 256usize, 512usize),
-        (130, 136, 40),
-        (33, 17, 19),
-    ] {
+    for &(m, n, k) in &[(256usize, 256usize, 512usize), (130, 136, 40), (33, 17, 19)] {
         let (ah, a) = to_f16(&normal_f32(m * k, 0.0, 71));
         let (bh, b) = to_f16(&normal_f32(k * n, 0.0, 72));
         let (da, db) = (stream.clone_htod(&ah)?, stream.clone_htod(&bh)?);

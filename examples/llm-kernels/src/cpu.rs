@@ -78,14 +78,7 @@ pub fn gqa_decode(
     out
 }
 
-pub fn layer_norm(
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
-    rows: usize,
-    cols: usize,
-    eps: f64,
-) -> Vec<f64> {
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, eps: f64) -> Vec<f64> {
     let mut y = vec![0.0; rows * cols];
     for r in 0..rows {
         let row = &x[r * cols..(r + 1) * cols];
