@@ -32,6 +32,10 @@ fn list_prints_a_table_and_json() {
         "rmsnorm",
         "reduce_sum",
         "gqa_decode",
+        "layer_norm",
+        "transpose",
+        "silu_mul",
+        "gemm",
         "sm_90: online-vec4 where cols % 4 == 0",
         "kernels/softmax.cu (softmax_f32)",
     ] {
@@ -75,7 +79,7 @@ fn check_passes_on_the_example() {
     let o = kopt(&ws, &["check"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
-        stdout(&o).contains("ok: 5 kernel(s), 1 accepted variant(s)"),
+        stdout(&o).contains("ok: 9 kernel(s), 1 accepted variant(s)"),
         "{}",
         text(&o)
     );

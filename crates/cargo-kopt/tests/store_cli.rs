@@ -114,7 +114,7 @@ fn pending_then_accept_prints_what_it_replaces_and_records_a_case() {
     );
     assert!(e
         .kopt_ok(&["check"])
-        .contains("ok: 5 kernel(s), 1 accepted variant(s)"));
+        .contains("ok: 9 kernel(s), 1 accepted variant(s)"));
     assert!(e
         .kopt_ok(&["list"])
         .contains("sm_90: online-vec4-b where cols % 4 == 0"));

@@ -8,7 +8,9 @@ use kopt::{f16, Kernel, Reason};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 
-use crate::{cpu, gqa_decode, reduce_sum, rmsnorm, row_sum, softmax};
+use crate::{
+    cpu, gemm, gqa_decode, layer_norm, reduce_sum, rmsnorm, row_sum, silu_mul, softmax, transpose,
+};
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -194,6 +196,100 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
             &got,
             &want,
             1e-2,
+            1e-2,
+        ));
+    }
+    // Row lengths that take a vectorised path (a multiple of 8) and one that does not.
+    for &(rows, cols) in &[(64usize, 4096usize), (3, 8192), (5, 1001)] {
+        let (xh, x) = to_f16(&normal_f32(rows * cols, 0.5, 41));
+        let (wh, w) = to_f16(&normal_f32(cols, 1.0, 42));
+        let (bh, b) = to_f16(&normal_f32(cols, 0.0, 43));
+        let (dx, dw, db) = (
+            stream.clone_htod(&xh)?,
+            stream.clone_htod(&wh)?,
+            stream.clone_htod(&bh)?,
+        );
+        let mut dy = poisoned::<f16>(stream, rows * cols, f16::NAN)?;
+        layer_norm(
+            stream,
+            &dx,
+            &dw,
+            &db,
+            &mut dy,
+            rows as u32,
+            cols as u32,
+            1e-5,
+        )?;
+        let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|v| v.to_f64()).collect();
+        let ran = ran(&crate::LAYER_NORM, stream, &[rows as i64, cols as i64, 0])?;
+        checks.push(compare(
+            "layer_norm",
+            format!("{rows}x{cols}"),
+            ran,
+            &y,
+            &cpu::layer_norm(&x, &w, &b, rows, cols, 1e-5),
+            1e-2,
+            1e-2,
+        ));
+    }
+
+    // Whole tiles, partial tiles, and sizes that are not a multiple of 4.
+    for &(rows, cols) in &[(256usize, 512usize), (200, 72), (37, 101)] {
+        let x = normal_f32(rows * cols, 0.0, 51 + rows as u64);
+        let dx = stream.clone_htod(&x)?;
+        let mut dy = poisoned::<f32>(stream, rows * cols, f32::NAN)?;
+        transpose(stream, &dx, &mut dy, rows as u32, cols as u32)?;
+        let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|&v| v as f64).collect();
+        let ran = ran(&crate::TRANSPOSE, stream, &[rows as i64, cols as i64])?;
+        checks.push(compare(
+            "transpose",
+            format!("{rows}x{cols}"),
+            ran,
+            &y,
+            &cpu::transpose(&x, rows, cols),
+            0.0,
+            0.0,
+        ));
+    }
+
+    for &(tokens, d) in &[(16usize, 4096usize), (64, 1376), (7, 1001)] {
+        let (xh, x) = to_f16(&normal_f32(tokens * 2 * d, 0.0, 61));
+        let dx = stream.clone_htod(&xh)?;
+        let mut dout = poisoned::<f16>(stream, tokens * d, f16::NAN)?;
+        silu_mul(stream, &dx, &mut dout, tokens as u32, d as u32)?;
+        let got: Vec<f64> = stream
+            .clone_dtoh(&dout)?
+            .iter()
+            .map(|v| v.to_f64())
+            .collect();
+        let ran = ran(&crate::SILU_MUL, stream, &[tokens as i64, d as i64])?;
+        checks.push(compare(
+            "silu_mul",
+            format!("{tokens}x{d}"),
+            ran,
+            &got,
+            &cpu::silu_mul(&x, tokens, d),
+            1e-2,
+            1e-3,
+        ));
+    }
+
+    // Whole tiles; M, N and K past the tiles (N and K multiples of 8); odd sizes.
+    for &(m, n, k) in &[(256usize, 256usize, 512usize), (130, 136, 40), (33, 17, 19)] {
+        let (ah, a) = to_f16(&normal_f32(m * k, 0.0, 71));
+        let (bh, b) = to_f16(&normal_f32(k * n, 0.0, 72));
+        let (da, db) = (stream.clone_htod(&ah)?, stream.clone_htod(&bh)?);
+        let mut dc = poisoned::<f16>(stream, m * n, f16::NAN)?;
+        gemm(stream, &da, &db, &mut dc, m as u32, n as u32, k as u32)?;
+        let got: Vec<f64> = stream.clone_dtoh(&dc)?.iter().map(|v| v.to_f64()).collect();
+        let ran = ran(&crate::GEMM, stream, &[m as i64, n as i64, k as i64])?;
+        checks.push(compare(
+            "gemm",
+            format!("{m}x{n}x{k}"),
+            ran,
+            &got,
+            &cpu::gemm(&a, &b, m, n, k),
+            2e-3,
             1e-2,
         ));
     }

@@ -77,3 +77,60 @@ pub fn gqa_decode(
     }
     out
 }
+
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, eps: f64) -> Vec<f64> {
+    let mut y = vec![0.0; rows * cols];
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let mean = sum(row) / cols as f64;
+        let var = row
+            .iter()
+            .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+            .sum::<f64>()
+            / cols as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for c in 0..cols {
+            y[r * cols + c] = (row[c] as f64 - mean) * rstd * w[c] as f64 + b[c] as f64;
+        }
+    }
+    y
+}
+
+/// `y[c][r] = x[r][c]` for a `rows x cols` input.
+pub fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+    let mut y = vec![0.0; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            y[c * rows + r] = x[r * cols + c] as f64;
+        }
+    }
+    y
+}
+
+/// x: [tokens, 2d] (gate, then up); out: [tokens, d].
+pub fn silu_mul(x: &[f32], tokens: usize, d: usize) -> Vec<f64> {
+    let mut out = vec![0.0; tokens * d];
+    for t in 0..tokens {
+        for j in 0..d {
+            let g = x[t * 2 * d + j] as f64;
+            let u = x[t * 2 * d + d + j] as f64;
+            out[t * d + j] = g / (1.0 + (-g).exp()) * u;
+        }
+    }
+    out
+}
+
+/// a: [m, k], b: [k, n], row-major; returns [m, n].
+pub fn gemm(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        let ci = &mut c[i * n..(i + 1) * n];
+        for p in 0..k {
+            let av = a[i * k + p] as f64;
+            for (cv, &bv) in ci.iter_mut().zip(&b[p * n..(p + 1) * n]) {
+                *cv += av * bv as f64;
+            }
+        }
+    }
+    c
+}

@@ -131,5 +131,125 @@ pub fn row_sum(
     cols: u32,
 );
 
+/// Layer norm over rows of fp16, with fp16 weight and bias; fp32 accumulation. The two
+/// prefill-sized shapes are memory-bound; the decode shape (64 rows) is launch-bound.
+#[kopt::kernel(
+    reference = "kernels/layer_norm.cu",
+    entry = "layer_norm_f16",
+    x: [rows * cols],
+    weight: [cols] uniform(0.5..1.5),
+    bias: [cols],
+    y: [rows * cols],
+    grid = rows,
+    block = 256,
+    defaults = { eps: 1e-5 },
+    shapes = [
+        { rows: 8192, cols: 4096 },
+        { rows: 4096, cols: 8192 },
+        { rows: 64, cols: 4096 },
+    ],
+    flops = 8 * rows * cols,
+)]
+pub fn layer_norm(
+    stream: &CudaStream,
+    x: &CudaSlice<f16>,
+    weight: &CudaSlice<f16>,
+    bias: &CudaSlice<f16>,
+    y: &mut CudaSlice<f16>,
+    rows: u32,
+    cols: u32,
+    eps: f32,
+);
+
+/// Transpose of a `rows x cols` fp32 matrix: `y[c][r] = x[r][c]`, the tiled shared-memory
+/// transpose (32x32 tiles, padded), any shape.
+#[kopt::kernel(
+    reference = "kernels/transpose.cu",
+    entry = "transpose_f32",
+    x: [rows * cols],
+    y: [rows * cols],
+    grid = (ceil_div(cols, 32), ceil_div(rows, 32)),
+    block = (32, 8),
+    shapes = [
+        { rows: 8192, cols: 8192 },
+        { rows: 4096, cols: 16384 },
+        { rows: 16384, cols: 1024 },
+    ],
+    constraints = [ceil_div(rows, 32) <= 65535],
+)]
+pub fn transpose(
+    stream: &CudaStream,
+    x: &CudaSlice<f32>,
+    y: &mut CudaSlice<f32>,
+    rows: u32,
+    cols: u32,
+);
+
+/// The fused SwiGLU activation, fp16: `out[t, j] = silu(x[t, j]) * x[t, d + j]` for `x` of
+/// shape `[tokens, 2d]`; one thread per output element.
+#[kopt::kernel(
+    reference = "kernels/silu_mul.cu",
+    entry = "silu_mul_f16",
+    x: [tokens * 2 * d],
+    out: [tokens * d],
+    grid = ceil_div(tokens * d, 256),
+    block = 256,
+    shapes = [
+        { tokens: 4096, d: 11008 },
+        { tokens: 64, d: 14336 },
+        { tokens: 16384, d: 4096 },
+    ],
+    flops = 5 * tokens * d,
+)]
+pub fn silu_mul(
+    stream: &CudaStream,
+    x: &CudaSlice<f16>,
+    out: &mut CudaSlice<f16>,
+    tokens: u32,
+    d: u32,
+);
+
+/// `C = A * B`, fp16 in and out, fp32 accumulation, all row-major (`B` is `[K, N]`, as
+/// `torch.matmul(a, b)` takes it): the tiled shared-memory SIMT kernel, any shape. The
+/// shapes are a linear layer of a 4096-wide model over 512, 2048 and 4096 tokens. The
+/// tolerance: 1 fp16 ulp of the output is 2^-10 relative at worst, accumulation-order
+/// differences in fp32 over K = 4096 stay far under that; `atol` covers outputs that
+/// cancel to near zero.
+#[kopt::kernel(
+    reference = "kernels/gemm.cu",
+    entry = "gemm_f16",
+    a: [m * k],
+    b: [k * n],
+    c: [m * n] tol(rtol = 2e-3, atol = 1e-2),
+    grid = (ceil_div(n, 32), ceil_div(m, 32)),
+    block = (32, 8),
+    shapes = [
+        { m: 512, n: 4096, k: 4096 },
+        { m: 2048, n: 4096, k: 4096 },
+        { m: 4096, n: 4096, k: 4096 },
+    ],
+    flops = 2 * m * n * k,
+    constraints = [ceil_div(m, 32) <= 65535],
+)]
+pub fn gemm(
+    stream: &CudaStream,
+    a: &CudaSlice<f16>,
+    b: &CudaSlice<f16>,
+    c: &mut CudaSlice<f16>,
+    m: u32,
+    n: u32,
+    k: u32,
+);
+
 /// Every kernel of the crate, for tools and the example binary.
-pub static KERNELS: [&kopt::Kernel; 5] = [&SOFTMAX, &RMSNORM, &REDUCE_SUM, &GQA_DECODE, &ROW_SUM];
+pub static KERNELS: [&kopt::Kernel; 9] = [
+    &SOFTMAX,
+    &RMSNORM,
+    &REDUCE_SUM,
+    &GQA_DECODE,
+    &ROW_SUM,
+    &LAYER_NORM,
+    &TRANSPOSE,
+    &SILU_MUL,
+    &GEMM,
+];
