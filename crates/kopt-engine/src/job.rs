@@ -408,29 +408,47 @@ pub fn coordinates(index: u64, dims: &[(String, u64)]) -> Vec<(String, u64)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use quote_spec::sample;
+pub(crate) mod tests_support {
+    use kopt_spec::spec;
+    pub fn tiny_spec() -> kopt_spec::KernelSpec {
+        let item = spec::parse_item(
+            "pub fn softmax(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        spec::parse_kernel(
+            "reference = \"k.cu\", x: [rows * cols], y: [rows * cols], grid = rows, block = 256, shapes = [{ rows: 4096, cols: 4096 }, { rows: 16, cols: 65536 }], constraints = [cols % 4 == 0]"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0
+    }
 
-    mod quote_spec {
-        use kopt_spec::spec;
-        pub fn sample() -> kopt_spec::KernelSpec {
-            let item = spec::parse_item(
-                "pub fn softmax(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);"
-                    .parse()
-                    .unwrap(),
-            )
-            .unwrap();
-            spec::parse_kernel(
-                "reference = \"k.cu\", x: [rows * cols], y: [rows * cols], grid = rows, block = 256, shapes = [{ rows: 4096, cols: 4096 }, { rows: 16, cols: 65536 }], constraints = [cols % 4 == 0]"
-                    .parse()
-                    .unwrap(),
-                &item,
-            )
-            .unwrap()
-            .0
+    /// A check-only job of the reference against itself, without shapes.
+    pub fn tiny_job(spec: &kopt_spec::KernelSpec) -> super::EvalJob {
+        let v = super::KernelVersion::reference(spec, "__global__ void softmax() {}");
+        super::EvalJob {
+            spec: spec.clone(),
+            reference: v.clone(),
+            candidate: v,
+            shapes: Vec::new(),
+            seeds: super::Seeds {
+                first: 1,
+                second: 2,
+                after_timing: 3,
+            },
+            timing: None,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tests_support::tiny_spec as sample;
 
     #[test]
     fn held_out_shapes_are_new_valid_and_deterministic() {

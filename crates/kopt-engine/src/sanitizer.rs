@@ -3,7 +3,8 @@
 //! shape. Skipped, with the reason, where the tool is missing.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -67,9 +68,31 @@ pub fn parse_error_count(log: &str) -> Option<u64> {
     None
 }
 
+/// How long one tool may run: `KOPT_SANITIZER_TIMEOUT` seconds, else 120. The tools
+/// slow a kernel down by orders of magnitude (racecheck on a tensor-core GEMM most of
+/// all); a run cut off is reported as skipped, with the reason, never as clean.
+pub fn time_limit() -> Duration {
+    let secs = std::env::var("KOPT_SANITIZER_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(120);
+    Duration::from_secs(secs.max(1))
+}
+
 /// Runs `tool` (`memcheck` or `racecheck`) over a one-shot worker evaluating `job`
-/// (numerics only, smallest shape). `scratch` holds the job file and the tool's log.
+/// (numerics only, smallest shape), for at most [`time_limit`]. `scratch` holds the job
+/// file and the tool's log.
 pub fn run(worker: &WorkerCommand, job: &EvalJob, tool: &str, scratch: &Path) -> SanitizerResult {
+    run_with_limit(worker, job, tool, scratch, time_limit())
+}
+
+pub fn run_with_limit(
+    worker: &WorkerCommand,
+    job: &EvalJob,
+    tool: &str,
+    scratch: &Path,
+    limit: Duration,
+) -> SanitizerResult {
     let Some(bin) = find_tool() else {
         return SanitizerResult::Skipped {
             tool: tool.into(),
@@ -77,6 +100,18 @@ pub fn run(worker: &WorkerCommand, job: &EvalJob, tool: &str, scratch: &Path) ->
                 .into(),
         };
     };
+    run_tool(&bin, worker, job, tool, scratch, limit)
+}
+
+/// [`run_with_limit`] with the tool's binary given.
+pub fn run_tool(
+    bin: &Path,
+    worker: &WorkerCommand,
+    job: &EvalJob,
+    tool: &str,
+    scratch: &Path,
+    limit: Duration,
+) -> SanitizerResult {
     let mut small = job.clone();
     small.timing = None;
     small.shapes.sort_by_key(|s| {
@@ -110,13 +145,45 @@ pub fn run(worker: &WorkerCommand, job: &EvalJob, tool: &str, scratch: &Path) ->
     if tool == "racecheck" {
         args.extend(["--racecheck-report".into(), "hazard".into()]);
     }
-    let status = Command::new(&bin)
-        .args(&args)
-        .arg(&worker.program)
-        .args(worker.args.iter().filter(|a| *a != "--fake"))
-        .arg("--oneshot")
-        .arg(&job_path)
-        .output();
+    let stderr_path = scratch.join(format!("sanitize-{tool}.stderr"));
+    let status = std::fs::File::create(&stderr_path).and_then(|stderr| {
+        let mut child = Command::new(bin)
+            .args(&args)
+            .arg(&worker.program)
+            .args(worker.args.iter().filter(|a| *a != "--fake"))
+            .arg("--oneshot")
+            .arg(&job_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()?;
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(Some(status));
+            }
+            if start.elapsed() >= limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let status = match status {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => {
+            return SanitizerResult::Skipped {
+                tool: tool.into(),
+                reason: format!(
+                    "did not finish within {} s on the smallest shape and was stopped \
+                     (KOPT_SANITIZER_TIMEOUT=SECONDS raises the limit)",
+                    limit.as_secs()
+                ),
+            }
+        }
+        Err(e) => Err(e),
+    };
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     match (status, parse_error_count(&log)) {
         (Err(e), _) => SanitizerResult::Skipped {
@@ -134,12 +201,13 @@ pub fn run(worker: &WorkerCommand, job: &EvalJob, tool: &str, scratch: &Path) ->
                 .collect::<Vec<_>>()
                 .join("\n"),
         },
-        (Ok(o), None) => SanitizerResult::Skipped {
+        (Ok(status), None) => SanitizerResult::Skipped {
             tool: tool.into(),
             reason: format!(
                 "no summary in the tool's log (exit {:?}): {}",
-                o.status.code(),
-                String::from_utf8_lossy(&o.stderr)
+                status.code(),
+                std::fs::read_to_string(&stderr_path)
+                    .unwrap_or_default()
                     .lines()
                     .last()
                     .unwrap_or("")
@@ -151,6 +219,38 @@ pub fn run(worker: &WorkerCommand, job: &EvalJob, tool: &str, scratch: &Path) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn a_tool_that_runs_past_its_limit_is_stopped_and_reported_skipped() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tool = dir.path().join("compute-sanitizer");
+        std::fs::write(&tool, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let spec = crate::job::tests_support::tiny_spec();
+        let job = crate::job::tests_support::tiny_job(&spec);
+        let worker = WorkerCommand::fake("/bin/true".into());
+        let start = Instant::now();
+        let r = run_tool(
+            &tool,
+            &worker,
+            &job,
+            "racecheck",
+            dir.path(),
+            Duration::from_millis(300),
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the tool was not stopped"
+        );
+        match r {
+            SanitizerResult::Skipped { reason, .. } => {
+                assert!(reason.contains("did not finish within"), "{reason}")
+            }
+            other => panic!("expected skipped, got {other:?}"),
+        }
+    }
 
     #[test]
     fn summaries_parse() {
