@@ -8,6 +8,7 @@
 //! - [`profile`]: `cargo kopt profile`, the bottleneck snapshot of a kernel (issue 5);
 //! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
 //! - [`review`]: the interactive review of pending variants;
+//! - [`partition`]: `--partition slice:M/N|hash:M/N`, a deterministic share of the kernels;
 //! - [`search`]: `search` and `search-bench` over `kopt-search` and the engine;
 //! - [`store_cli`]: the store commands' arguments and their rendering;
 //! - [`table`]: plain-text tables for people.
@@ -16,6 +17,7 @@ pub mod commands;
 pub mod eval;
 pub mod gather;
 pub mod optimize;
+pub mod partition;
 pub mod profile;
 pub mod render;
 pub mod review;
