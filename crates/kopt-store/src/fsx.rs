@@ -116,6 +116,37 @@ pub(crate) fn write_dir_atomic(dest: &Path, files: &Files) -> Result<()> {
     publish(&tmp, dest)
 }
 
+/// Copies the folder `from` (recursively) to `dest`, which must not exist: complete or
+/// not at all.
+pub(crate) fn copy_dir_atomic(from: &Path, dest: &Path) -> Result<()> {
+    fn copy(from: &Path, to: &Path) -> Result<()> {
+        std::fs::create_dir(to).map_err(io(to))?;
+        for e in std::fs::read_dir(from).map_err(io(from))? {
+            let e = e.map_err(io(from))?;
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            if src.is_dir() {
+                copy(&src, &dst)?;
+            } else {
+                std::fs::copy(&src, &dst).map_err(io(&src))?;
+            }
+        }
+        sync_dir(to);
+        Ok(())
+    }
+    let parent = dest
+        .parent()
+        .ok_or_else(|| Error::Invalid(format!("{} has no parent folder", dest.display())))?;
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let tmp = hidden_sibling(dest, "tmp");
+    in_progress(&tmp, true);
+    if let Err(e) = copy(from, &tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        in_progress(&tmp, false);
+        return Err(e);
+    }
+    publish(&tmp, dest)
+}
+
 /// Moves a folder to `to` (creating `to`'s parents); one rename, so atomic on one file
 /// system.
 pub(crate) fn move_dir(from: &Path, to: &Path) -> Result<()> {
