@@ -144,6 +144,17 @@ enum Command {
         #[command(flatten)]
         cases: store_cli::CaseRecording,
     },
+    /// Bring back the work of other machines (the parts of a `--partition`ed run): the
+    /// pending variants in each DIR (a target folder, its kopt/ folder, or a pending area
+    /// copied back) join this workspace's, with their run folders; two different variants
+    /// for one kernel and architecture are refused and nothing is merged. Case libraries
+    /// at a DIR's root (cases.sqlite, cases.jsonl) are imported, each case once.
+    Merge {
+        #[arg(required = true, value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+        #[command(flatten)]
+        cases: store_cli::CaseRecording,
+    },
     /// The case library: past diagnoses and their outcomes (list, show, search, import,
     /// export).
     Cases {
@@ -576,6 +587,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             &cases,
             json,
         ),
+        Command::Merge { dirs, cases } => store_cli::merge(&gathered, &dirs, &cases, json),
         Command::Cases { .. } => unreachable!("handled before gathering"),
         // --- end of store commands (issue 4)
         Command::Verify {

@@ -482,7 +482,12 @@ fn optimize_kernel(
                 .unwrap_or_default(),
         });
     }
-    if let Some(lib) = run.library.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+    if let Some(lib) = run
+        .library
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_mut()
+    {
         for t in &outcome.tried {
             if let (Some(r), Some(v)) = (&t.resolved, &t.verdict) {
                 let _ = lib.upsert(&tried_case(k, &run.run_id, &device.arch, t, r, v));

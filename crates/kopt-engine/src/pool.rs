@@ -195,10 +195,7 @@ mod tests {
     #[test]
     fn device_selections_parse_and_resolve() {
         assert_eq!("all".parse(), Ok(DeviceSelection::All));
-        assert_eq!(
-            " 1, 0 ".parse(),
-            Ok(DeviceSelection::Ordinals(vec![1, 0]))
-        );
+        assert_eq!(" 1, 0 ".parse(), Ok(DeviceSelection::Ordinals(vec![1, 0])));
         assert_eq!(DeviceSelection::All.resolve(3).unwrap(), vec![0, 1, 2]);
         assert_eq!(
             DeviceSelection::Ordinals(vec![2, 0]).resolve(3).unwrap(),
@@ -211,7 +208,10 @@ mod tests {
         let e = DeviceSelection::Ordinals(vec![0, 2])
             .resolve(2)
             .unwrap_err();
-        assert!(e.contains("GPU 2 does not exist: this machine has 2"), "{e}");
+        assert!(
+            e.contains("GPU 2 does not exist: this machine has 2"),
+            "{e}"
+        );
         assert!(DeviceSelection::All
             .resolve(0)
             .unwrap_err()

@@ -58,7 +58,12 @@ pub fn pending_root_in(dir: &Path) -> Option<PathBuf> {
     }
     let subdirs = |d: &Path| -> Vec<PathBuf> {
         std::fs::read_dir(d)
-            .map(|r| r.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let holds_pending = subdirs(dir).iter().any(|package| {

@@ -29,8 +29,11 @@ fn produce(kopt: &KoptDir, p: &PendingVariant) {
     pending::save(kopt, p).unwrap();
     let run = kopt.run_dir(&p.meta.run_id);
     std::fs::create_dir_all(run.join("sessions")).unwrap();
-    std::fs::write(run.join("journal.jsonl"), format!("{{\"run\":\"{}\"}}\n", p.meta.run_id))
-        .unwrap();
+    std::fs::write(
+        run.join("journal.jsonl"),
+        format!("{{\"run\":\"{}\"}}\n", p.meta.run_id),
+    )
+    .unwrap();
     std::fs::write(run.join("sessions/softmax.jsonl"), "{}\n").unwrap();
 }
 
@@ -65,7 +68,10 @@ fn parts_merge_with_their_run_folders_and_merging_again_changes_nothing() {
     .unwrap();
     assert_eq!(
         labels(&r),
-        ["fixture-kernels/softmax/sm_80", "fixture-kernels/softmax/sm_90"]
+        [
+            "fixture-kernels/softmax/sm_80",
+            "fixture-kernels/softmax/sm_90"
+        ]
     );
     assert_eq!(
         r.runs_copied,

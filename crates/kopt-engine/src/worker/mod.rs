@@ -23,9 +23,13 @@ pub trait Backend {
 /// How the worker was asked to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerKind {
-    Cuda { device: usize },
+    Cuda {
+        device: usize,
+    },
     /// Fake device `device` (of `KOPT_FAKE_DEVICES`).
-    Fake { device: usize },
+    Fake {
+        device: usize,
+    },
 }
 
 impl WorkerKind {
