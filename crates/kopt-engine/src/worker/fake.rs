@@ -20,6 +20,11 @@
 //!
 //! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs.
 //!
+//! **Several devices.** `KOPT_FAKE_DEVICES=N` makes N fake devices (ordinals 0 to N-1, each
+//! with its own UUID; the worker is started with `--fake --device K`), so that the device
+//! pool and its scheduling are tested without a GPU; `delay-ms` makes jobs long enough to
+//! see two devices work at once.
+//!
 //! **Timing model.** Searches build every candidate from the same source with other
 //! defines and options, so source directives alone cannot tell their times apart. A
 //! `time-table` line lists `TOKEN:FACTOR` pairs; a TOKEN is a define (`VEC=4`), an option
