@@ -65,7 +65,8 @@ pub enum CasesCommand {
         #[arg(short, default_value_t = 5)]
         k: usize,
     },
-    /// Import cases: a .jsonl file (as `export` writes it), or a repository's committed
+    /// Import cases: a .jsonl file (as `export` writes it), another case library (its
+    /// .sqlite file; cases already here are not added twice), or a repository's committed
     /// kopt/ folders (each accepted variant becomes an accepted case).
     Import {
         path: PathBuf,
