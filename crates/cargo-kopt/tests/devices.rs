@@ -67,10 +67,11 @@ fn jobs(g: &Gathered, delay_ms: u64) -> Vec<EvalJob> {
         .collect()
 }
 
+/// Per shape: label, reference and candidate time.
+type Figures = Vec<(String, Option<f64>, Option<f64>)>;
+
 /// What a verdict says, without the device it was measured on.
-fn outcome(
-    report: &kopt_engine::engine::Evaluation,
-) -> (bool, Vec<(String, Option<f64>, Option<f64>)>) {
+fn outcome(report: &kopt_engine::engine::Evaluation) -> (bool, Figures) {
     let v = Judge::new(None).judge(&report.report);
     (
         v.accepted,
