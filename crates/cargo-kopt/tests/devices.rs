@@ -204,15 +204,8 @@ fn a_fake_device_beyond_the_count_is_refused() {
 
 fn cargo_kopt(ws: &kopt_tests::ExampleWorkspace, target: Option<&Path>, args: &[&str]) -> Output {
     two_fake_devices();
-    let mut c = std::process::Command::new(exe());
-    c.arg("kopt")
-        .args(args)
-        .arg("--manifest-path")
-        .arg(ws.manifest())
-        .env("KOPT_WORKER", "fake")
-        .env("KOPT_CACHE_DIR", ws.root.join("cache"))
-        .env("KOPT_CASES", ws.root.join("cases.sqlite"))
-        .env("NO_COLOR", "1");
+    let mut c = ws.kopt_on_fake(&exe(), args);
+    c.env("NO_COLOR", "1");
     if let Some(t) = target {
         c.env("CARGO_TARGET_DIR", t);
     }

@@ -61,21 +61,26 @@ pub(crate) type Files<'a> = [(&'a str, &'a [u8])];
 /// Writes `files` into a new hidden folder next to `dest` and syncs them. The caller
 /// renames it into place with [`publish`] (or leaves it, to simulate a crash in tests).
 pub(crate) fn write_temp_dir(dest: &Path, files: &Files) -> Result<PathBuf> {
+    fill_temp_dir(dest, |tmp| {
+        std::fs::create_dir(tmp).map_err(io(tmp))?;
+        for (name, bytes) in files {
+            write_synced(&tmp.join(name), bytes)?;
+        }
+        sync_dir(tmp);
+        Ok(())
+    })
+}
+
+/// A hidden folder next to `dest` (created by `fill`, which is given its path), removed
+/// again when `fill` fails.
+fn fill_temp_dir(dest: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
     let parent = dest
         .parent()
         .ok_or_else(|| Error::Invalid(format!("{} has no parent folder", dest.display())))?;
     std::fs::create_dir_all(parent).map_err(io(parent))?;
     let tmp = hidden_sibling(dest, "tmp");
     in_progress(&tmp, true);
-    let written = (|| {
-        std::fs::create_dir(&tmp).map_err(io(&tmp))?;
-        for (name, bytes) in files {
-            write_synced(&tmp.join(name), bytes)?;
-        }
-        sync_dir(&tmp);
-        Ok(())
-    })();
-    if let Err(e) = written {
+    if let Err(e) = fill(&tmp) {
         let _ = std::fs::remove_dir_all(&tmp);
         in_progress(&tmp, false);
         return Err(e);
@@ -133,17 +138,7 @@ pub(crate) fn copy_dir_atomic(from: &Path, dest: &Path) -> Result<()> {
         sync_dir(to);
         Ok(())
     }
-    let parent = dest
-        .parent()
-        .ok_or_else(|| Error::Invalid(format!("{} has no parent folder", dest.display())))?;
-    std::fs::create_dir_all(parent).map_err(io(parent))?;
-    let tmp = hidden_sibling(dest, "tmp");
-    in_progress(&tmp, true);
-    if let Err(e) = copy(from, &tmp) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        in_progress(&tmp, false);
-        return Err(e);
-    }
+    let tmp = fill_temp_dir(dest, |tmp| copy(from, tmp))?;
     publish(&tmp, dest)
 }
 
