@@ -712,6 +712,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     timeout: Some(std::time::Duration::from_secs(600)),
                 },
                 devices,
+                step_timeout: std::time::Duration::from_secs(args.step_timeout),
             };
             let bar = progress_bar(json);
             let (run_id, results) = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| {

@@ -184,6 +184,8 @@ pub struct Options {
     /// `--devices`: one worker per selected GPU, kernels scheduled across them (`None`:
     /// the one GPU of `settings.device`).
     pub devices: Option<DeviceSelection>,
+    /// Seconds without progress after which a candidate counts as hung (`--step-timeout`).
+    pub step_timeout: Duration,
 }
 
 fn now_id() -> String {
@@ -232,6 +234,9 @@ pub fn optimize(
         })
         .map_err(|e| e.to_string())?;
     let mut pool = eval::pool(g, &opts.settings, opts.devices.as_ref())?;
+    for (_, engine) in pool.engines_mut() {
+        engine.worker.step_timeout = opts.step_timeout;
+    }
     let devices = pool.devices().map_err(|e| e.to_string())?;
     if let Some(other) = devices.iter().find(|d| d.arch != devices[0].arch) {
         return Err(format!(
