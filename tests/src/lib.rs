@@ -75,6 +75,21 @@ debug = false
         self.root.join("Cargo.toml")
     }
 
+    /// `cargo-kopt kopt ARGS --manifest-path <this workspace>` (`exe`: the test's
+    /// `CARGO_BIN_EXE_cargo-kopt`) with the fake worker, and the evaluation cache and case
+    /// library kept inside the scratch folder.
+    pub fn kopt_on_fake(&self, exe: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new(exe);
+        c.arg("kopt")
+            .args(args)
+            .arg("--manifest-path")
+            .arg(self.manifest())
+            .env("KOPT_WORKER", "fake")
+            .env("KOPT_CACHE_DIR", self.root.join("cache"))
+            .env("KOPT_CASES", self.root.join("cases.sqlite"));
+        c
+    }
+
     /// Builds the copy (incrementally) and returns what its binary's `explain --arch ARCH`
     /// prints: which version of each kernel runs for each declared shape, and why.
     pub fn explain(&self, arch: &str) -> String {

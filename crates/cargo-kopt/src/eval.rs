@@ -8,6 +8,7 @@ use kopt_engine::job::{
     held_out_shapes, shape_bytes, EvalJob, KernelVersion, Seeds, ShapeCase, TimingPolicy,
 };
 use kopt_engine::parent::{WorkerCommand, WorkerFailure};
+use kopt_engine::pool::{DevicePool, DeviceSelection};
 use kopt_engine::protocol::{Ceilings, DeviceInfo};
 use kopt_engine::sanitizer::{self, SanitizerResult};
 use kopt_engine::verdict::{Judge, Verdict};
@@ -52,13 +53,55 @@ pub fn kopt_dir(g: &Gathered) -> PathBuf {
 /// GPU), else CUDA device `device` through this very binary.
 pub fn worker_command(device: usize) -> Result<WorkerCommand, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate cargo-kopt: {e}"))?;
-    if std::env::var("KOPT_WORKER").as_deref() == Ok("fake") {
-        return Ok(WorkerCommand::fake(exe));
+    if fake_worker() {
+        return Ok(WorkerCommand::fake_on(exe, device));
     }
     if let Some(why) = kopt::gpu::missing() {
         return Err(why);
     }
     Ok(WorkerCommand::cuda(exe, device))
+}
+
+fn fake_worker() -> bool {
+    std::env::var("KOPT_WORKER").as_deref() == Ok("fake")
+}
+
+/// How many devices there are: `KOPT_FAKE_DEVICES` under the fake worker, else what the
+/// CUDA driver counts.
+pub fn device_count() -> Result<usize, String> {
+    if fake_worker() {
+        return kopt_engine::worker::fake::fake_device_count();
+    }
+    if let Some(why) = kopt::gpu::missing() {
+        return Err(why);
+    }
+    kopt::cudarc::driver::CudaContext::device_count()
+        .map(|n| n as usize)
+        .map_err(|e| format!("cannot count the GPUs: {e:?}"))
+}
+
+/// One engine per selected device (`None`: the one of `settings.device`, as without
+/// `--devices`).
+pub fn pool(
+    g: &Gathered,
+    settings: &Settings,
+    devices: Option<&DeviceSelection>,
+) -> Result<DevicePool, String> {
+    let ordinals = match devices {
+        None => vec![settings.device],
+        Some(sel) => sel.resolve(device_count()?)?,
+    };
+    let engines = ordinals
+        .into_iter()
+        .map(|device| {
+            let s = Settings {
+                device,
+                ..settings.clone()
+            };
+            Ok((device, engine(g, &s)?))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(DevicePool::new(engines))
 }
 
 pub fn engine(g: &Gathered, settings: &Settings) -> Result<Engine, String> {

@@ -10,6 +10,7 @@
 //! - [`report`]: `cargo kopt report`, the inputs of `kopt_report`'s HTML report;
 //! - [`review`]: the interactive review of pending variants;
 //! - [`mcp`]: `cargo kopt mcp`, the verified loop as MCP tools for a coding agent (issue 8);
+//! - [`partition`]: `--partition slice:M/N|hash:M/N`, a deterministic share of the kernels;
 //! - [`search`]: `search` and `search-bench` over `kopt-search` and the engine;
 //! - [`store_cli`]: the store commands' arguments and their rendering;
 //! - [`table`]: plain-text tables for people.
@@ -19,6 +20,7 @@ pub mod eval;
 pub mod gather;
 pub mod mcp;
 pub mod optimize;
+pub mod partition;
 pub mod profile;
 pub mod render;
 pub mod report;

@@ -10,7 +10,7 @@ use cargo_kopt::gather::{self, Gathered, Selection};
 use cargo_kopt::store_cli;
 use cargo_kopt::style::{dim, green, red, yellow};
 use cargo_kopt::table::Table;
-use cargo_kopt::{eval, render, search};
+use cargo_kopt::{eval, partition, render, search};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kopt_engine::worker::WorkerKind;
 
@@ -68,7 +68,10 @@ enum ColorChoice {
 #[derive(Subcommand)]
 enum Command {
     /// List every annotated kernel with its shapes, tunables and accepted variants.
-    List,
+    List {
+        #[command(flatten)]
+        partition: PartitionArg,
+    },
     /// Check, without a GPU, that every lock file and variant is intact and current.
     Check,
     /// Record a hand-made variant from kopt/<KERNEL>/<VARIANT>/ in the lock file
@@ -141,6 +144,17 @@ enum Command {
         #[command(flatten)]
         cases: store_cli::CaseRecording,
     },
+    /// Bring back the work of other machines (the parts of a `--partition`ed run): the
+    /// pending variants in each DIR (a target folder, its kopt/ folder, or a pending area
+    /// copied back) join this workspace's, with their run folders; two different variants
+    /// for one kernel and architecture are refused and nothing is merged. Case libraries
+    /// at a DIR's root (cases.sqlite, cases.jsonl) are imported, each case once.
+    Merge {
+        #[arg(required = true, value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+        #[command(flatten)]
+        cases: store_cli::CaseRecording,
+    },
     /// The case library: past diagnoses and their outcomes (list, show, search, import,
     /// export).
     Cases {
@@ -161,12 +175,16 @@ enum Command {
         /// Skip compute-sanitizer.
         #[arg(long)]
         no_sanitize: bool,
+        #[command(flatten)]
+        partition: PartitionArg,
     },
     /// Time the reference and the active variant of each kernel on each declared shape.
     Bench {
         kernels: Vec<String>,
         #[command(flatten)]
         eval: EvalArgs,
+        #[command(flatten)]
+        partition: PartitionArg,
     },
     /// List the GPUs with their measured ceilings.
     Devices {
@@ -200,6 +218,12 @@ enum Command {
         /// Profile the reference without Nsight Compute (engine figures and the source).
         #[arg(long)]
         no_ncu: bool,
+        /// One evaluation worker per GPU, kernels scheduled across them: `all` or
+        /// ordinals (`0,1`). Without it, the one GPU of `--device`.
+        #[arg(long, value_name = "all|0,1,...", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<kopt_engine::pool::DeviceSelection>()), conflicts_with = "device")]
+        devices: Option<kopt_engine::pool::DeviceSelection>,
+        #[command(flatten)]
+        partition: PartitionArg,
         #[command(flatten)]
         eval: EvalArgs,
     },
@@ -440,6 +464,15 @@ impl OptionsArg {
 }
 // --- end of search (issue 6)
 
+/// `--partition`: this machine's share of the kernels.
+#[derive(Args, Clone)]
+struct PartitionArg {
+    /// Only this part of the workspace's kernels: `slice:M/N` (the M-th of every N in
+    /// name order) or `hash:M/N` (by a fixed hash of `package::kernel`), M from 1.
+    #[arg(long, value_name = "slice:M/N|hash:M/N", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<cargo_kopt::partition::Partition>()))]
+    partition: Option<cargo_kopt::partition::Partition>,
+}
+
 #[derive(Args, Clone)]
 struct EvalArgs {
     /// GPU ordinal.
@@ -477,7 +510,7 @@ fn main() -> ExitCode {
     } = &cli.command
     {
         let kind = if *fake {
-            WorkerKind::Fake
+            WorkerKind::Fake { device: *device }
         } else {
             WorkerKind::Cuda { device: *device }
         };
@@ -521,9 +554,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         },
         exclude: g.exclude.clone(),
     };
-    let gathered = gather::gather(&sel).map_err(|e| e.to_string())?;
+    let mut gathered = gather::gather(&sel).map_err(|e| e.to_string())?;
     match command {
-        Command::List => {
+        Command::List { partition } => {
+            partition::select(&mut gathered, partition.partition.as_ref());
             let listed = commands::list(&gathered);
             if json {
                 print_json(&listed);
@@ -609,14 +643,17 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             &cases,
             json,
         ),
+        Command::Merge { dirs, cases } => store_cli::merge(&gathered, &dirs, &cases, json),
         Command::Cases { .. } => unreachable!("handled before gathering"),
         // --- end of store commands (issue 4)
         Command::Verify {
             kernels,
             eval: args,
             no_sanitize,
+            partition,
         } => {
             check_names(&gathered, &kernels)?;
+            partition::select(&mut gathered, partition.partition.as_ref());
             let mut settings = args.settings();
             settings.sanitize = !no_sanitize;
             let mut engine = eval::engine(&gathered, &settings)?;
@@ -645,8 +682,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         Command::Bench {
             kernels,
             eval: args,
+            partition,
         } => {
             check_names(&gathered, &kernels)?;
+            partition::select(&mut gathered, partition.partition.as_ref());
             let settings = args.settings();
             let mut engine = eval::engine(&gathered, &settings)?;
             engine.worker.step_timeout = std::time::Duration::from_secs(args.step_timeout);
@@ -675,15 +714,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Command::Devices { refresh } => {
             let settings = eval::Settings::default();
-            let count = if std::env::var("KOPT_WORKER").as_deref() == Ok("fake") {
-                1
-            } else {
-                if let Some(why) = kopt::gpu::missing() {
-                    return Err(why);
-                }
-                kopt::cudarc::driver::CudaContext::device_count().map_err(|e| format!("{e:?}"))?
-                    as usize
-            };
+            let count = eval::device_count()?;
             let mut list = Vec::new();
             for d in 0..count {
                 let mut engine = eval::engine(
@@ -719,9 +750,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             context_tokens,
             run,
             no_ncu,
+            devices,
+            partition,
             eval: args,
         } => {
             check_names(&gathered, &kernels)?;
+            partition::select(&mut gathered, partition.partition.as_ref());
             let opts = cargo_kopt::optimize::Options {
                 kernels,
                 agent,
@@ -736,6 +770,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     disabled: no_ncu,
                     timeout: Some(std::time::Duration::from_secs(600)),
                 },
+                devices,
+                step_timeout: std::time::Duration::from_secs(args.step_timeout),
             };
             let bar = progress_bar(json);
             let (run_id, results) = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| {

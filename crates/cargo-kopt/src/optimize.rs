@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kopt_agent::backend::{Backend, Client, Prices};
@@ -13,6 +14,7 @@ use kopt_agent::run::{self, Budget, Evaluate, Rules, Stop, Task};
 use kopt_agent::session::{Recorder, Replay};
 use kopt_engine::engine::Engine;
 use kopt_engine::job::{EvalJob, KernelVersion};
+use kopt_engine::pool::{DeviceSelection, Slot};
 use kopt_engine::verdict::{Judge, Verdict};
 use kopt_spec::files::{self, VariantFile, VerifiedBy};
 use kopt_store::evidence::{self, Evidence, NumericEvidence, NumericResult, ShapeMeasurement};
@@ -164,6 +166,8 @@ pub struct KernelResult {
     pub escalation: Option<String>,
     pub tokens: u64,
     pub dollars: f64,
+    /// The GPU ordinal the kernel's loop ran on.
+    pub device: usize,
 }
 
 pub struct Options {
@@ -177,6 +181,11 @@ pub struct Options {
     pub run_id: Option<String>,
     /// How the reference's bottleneck snapshot runs Nsight Compute (when it exists).
     pub ncu: kopt_profile::collect::NcuChoice,
+    /// `--devices`: one worker per selected GPU, kernels scheduled across them (`None`:
+    /// the one GPU of `settings.device`).
+    pub devices: Option<DeviceSelection>,
+    /// Seconds without progress after which a candidate counts as hung (`--step-timeout`).
+    pub step_timeout: Duration,
 }
 
 fn now_id() -> String {
@@ -187,7 +196,28 @@ fn now_id() -> String {
     format!("run-{s}")
 }
 
-/// Runs the loop over the selected kernels.
+/// What every kernel of a run shares, whichever device runs it.
+struct RunShared<'a> {
+    g: &'a Gathered,
+    opts: &'a Options,
+    cfg: AgentConfig,
+    kopt: KoptDir,
+    run_id: String,
+    run_dir: PathBuf,
+    redactor: Redactor,
+    journal: Mutex<Journal>,
+    /// Where every candidate's outcome is recorded, when a library exists.
+    library: Mutex<Option<kopt_store::cases::CaseLibrary>>,
+}
+
+impl RunShared<'_> {
+    fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Runs the loop over the selected kernels: one kernel at a time on each device of
+/// `opts.devices`, the devices in parallel (see `kopt_engine::pool`).
 pub fn optimize(
     g: &Gathered,
     opts: &Options,
@@ -197,279 +227,331 @@ pub fn optimize(
     let kopt = KoptDir::new(&g.target_dir);
     let run_id = opts.run_id.clone().unwrap_or_else(now_id);
     let (mut journal, _) = Journal::open_or_resume(&kopt, &run_id).map_err(|e| e.to_string())?;
-    let redactor = Redactor::from_env();
     journal
         .append(Event::RunStarted {
             config: serde_json::json!({ "agent": opts.agent, "reviewer": opts.reviewer, "kernels": opts.kernels, "hint": opts.hint }),
             budget: serde_json::to_value(&opts.budget).expect("serialises"),
         })
         .map_err(|e| e.to_string())?;
-    let mut engine = eval::engine(g, &opts.settings)?;
-    let device = engine.device().map_err(|e| e.to_string())?;
-    let ceilings = engine.ceilings(false).ok();
+    let mut pool = eval::pool(g, &opts.settings, opts.devices.as_ref())?;
+    for (_, engine) in pool.engines_mut() {
+        engine.worker.step_timeout = opts.step_timeout;
+    }
+    let devices = pool.devices().map_err(|e| e.to_string())?;
+    if let Some(other) = devices.iter().find(|d| d.arch != devices[0].arch) {
+        return Err(format!(
+            "GPU {} is {} but GPU {} is {}: a run's pending variants are for one architecture; choose GPUs of one kind with `--devices` (e.g. `--devices {}`)",
+            devices[0].ordinal, devices[0].arch, other.ordinal, other.arch, devices[0].ordinal
+        ));
+    }
     // The case library, when there is one: similar cases for the context, and every
-    // candidate's outcome recorded (rejected and failed ones as negative cases).
-    let mut library = kopt_store::cases::library_path(None)
+    // candidate's outcome recorded (rejected and failed ones as negative cases). The
+    // similar cases are read before any kernel starts, so that a kernel's context never
+    // depends on which kernels another device finished first.
+    let library = kopt_store::cases::library_path(None)
         .ok()
         .filter(|p| p.exists())
         .and_then(|p| kopt_store::cases::CaseLibrary::open(&p).ok());
-    let mut results = Vec::new();
-    for k in g
+    let kernels: Vec<(&Kernel, Vec<kopt_agent::context::CaseLine>)> = g
         .kernels
         .iter()
         .filter(|k| opts.kernels.is_empty() || opts.kernels.contains(&k.spec.name))
-    {
-        progress(&format!("{}: starting", k.spec.name));
-        let session = journal
-            .dir()
-            .join("sessions")
-            .join(format!("{}.jsonl", k.spec.name));
-        let proposer = Recorder::new(
-            backend(&opts.agent, &cfg, &k.spec.entry)?,
-            &session,
-            redactor.clone(),
-        )
-        .map_err(|e| e.to_string())?;
-        let mut client = Client::new(Box::new(proposer));
-        client.prices = cfg.prices.get(&opts.agent).copied().unwrap_or_default();
-        let mut reviewer = match &opts.reviewer {
-            Some(r) => {
-                let rec = Recorder::new(
-                    backend(r, &cfg, &k.spec.entry)?,
-                    journal
-                        .dir()
-                        .join("sessions")
-                        .join(format!("{}-reviewer.jsonl", k.spec.name)),
-                    redactor.clone(),
-                )
-                .map_err(|e| e.to_string())?;
-                let mut c = Client::new(Box::new(rec));
-                c.prices = cfg.prices.get(r).copied().unwrap_or_default();
-                Some(c)
-            }
-            None => None,
-        };
-        // The reference's bottleneck snapshot: the agent's first input.
-        progress(&format!("{}: profiling the reference", k.spec.name));
-        let snapshot = profile_reference(
-            g,
-            k,
-            &mut engine,
-            &opts.settings,
-            &opts.ncu,
-            &journal.dir().join("profile").join(&k.spec.name),
-            progress,
-        );
-        if let Some(s) = &snapshot {
-            let _ = journal.append(Event::Profile {
-                kernel: k.spec.name.clone(),
-                candidate: None,
-                summary: s.render(3),
-                artefacts: vec![format!("profile/{}/snapshot.json", k.spec.name)],
-            });
-        }
-        let task = Task {
-            spec: &k.spec,
-            reference: KernelVersion::reference(&k.spec, &k.reference.text),
-            device: format!(
-                "{} ({}, {} SMs, {} MiB L2)",
-                device.name,
-                device.arch,
-                device.multiprocessors,
-                device.l2_bytes >> 20
-            ),
-            ceilings: ceilings
-                .as_ref()
-                .map(|c| {
-                    format!(
-                        "copy {:.0} GB/s{}",
-                        c.copy_gbs,
-                        c.matmul_bf16_tflops
-                            .map(|t| format!("; bf16 matmul {t:.0} TFLOP/s"))
-                            .unwrap_or_default()
-                    )
-                })
-                .unwrap_or_else(|| "not measured".into()),
-            snapshot: snapshot.as_ref().map(|s| s.render(8)),
-            structure: kopt_store::features::structural_summary(&k.reference.text),
-            cases: similar_cases(library.as_ref(), &k.spec.name, &k.reference.text),
-            hint: opts.hint.clone(),
-            context_tokens: opts.context_tokens,
-        };
-        let mut evaluator = LoopEvaluator {
-            g,
-            k,
-            engine: &mut engine,
-            judge: Judge::new(ceilings.clone()),
-            settings: opts.settings.clone(),
-            last_job: None,
-        };
-        let (mut accepted, mut rejected, mut best) = (0usize, 0usize, None::<f64>);
-        let name = k.spec.name.clone();
-        let outcome = run::optimize(
-            &task,
-            &mut client,
-            reviewer.as_mut(),
-            &mut evaluator,
-            &opts.budget,
-            &Rules::default(),
-            &mut |e| {
-                match &e {
-                    run::Event::Verdict { accepted: a, .. } => {
-                        if *a {
-                            accepted += 1
-                        } else {
-                            rejected += 1
-                        }
-                    }
-                    run::Event::Improved { speedup, .. } => {
-                        best = Some(best.map_or(*speedup, |b: f64| b.max(*speedup)))
-                    }
-                    _ => {}
-                }
-                let round = match &e {
-                    run::Event::Round { round } => format!("round {round}"),
-                    run::Event::Request { purpose } => format!("asking ({purpose})"),
-                    run::Event::Candidate { id } => format!("verifying {id}"),
-                    run::Event::Verdict { id, summary, .. } => {
-                        format!("{id}: {}", summary.lines().next().unwrap_or(""))
-                    }
-                    run::Event::Improved { id, speedup } => format!("{id} improves: {speedup:.2}x"),
-                    run::Event::Reflection => "reflection turn".into(),
-                    run::Event::Review { id, objections } => {
-                        format!("{id}: {objections} objection(s)")
-                    }
-                };
-                progress(&format!(
-                    "{name}: {round} | best {} | {accepted} accepted, {rejected} rejected",
-                    best.map(|b| format!("{b:.2}x"))
-                        .unwrap_or_else(|| "–".into())
-                ));
-            },
-        );
-        let last_job = evaluator.last_job.clone();
-        // The record: every exchange, candidate and verdict.
-        for (req, reply) in &outcome.transcript {
-            let _ = journal.append(Event::Prompt {
-                kernel: name.clone(),
-                round: 0,
-                role: req.purpose.clone(),
-                text: req
-                    .messages
-                    .last()
-                    .map(|m| m.content.clone())
-                    .unwrap_or_default(),
-            });
-            let _ = journal.append(Event::Reply {
-                kernel: name.clone(),
-                round: 0,
-                role: req.purpose.clone(),
-                text: reply.clone().unwrap_or_else(|e| format!("error: {e}")),
-                tokens: None,
-            });
-        }
-        for t in &outcome.tried {
-            let mut artefacts = Vec::new();
-            if let Some(r) = &t.resolved {
-                if let Ok(a) = journal.save_artefact(&format!("{name}-{}.cu", t.id), &r.source) {
-                    artefacts.push(a);
-                }
-            }
-            let _ = journal.append(Event::Candidate {
-                kernel: name.clone(),
-                round: t.round,
-                candidate: t.id.clone(),
-                summary: t
-                    .resolved
-                    .as_ref()
-                    .map(|r| r.proposal.diagnosis.summary.clone())
-                    .unwrap_or_default(),
-                artefacts,
-            });
-            let _ = journal.append(Event::Verdict {
-                kernel: name.clone(),
-                candidate: t.id.clone(),
-                passed: t.verdict.as_ref().is_some_and(|v| v.accepted),
-                failure_class: t
-                    .verdict
-                    .as_ref()
-                    .and_then(|v| v.failures.first())
-                    .map(|f| f.fence.name().to_string())
-                    .or(t.error.as_ref().map(|_| "malformed".into())),
-                detail: t
-                    .verdict
-                    .as_ref()
-                    .map(|v| v.summary())
-                    .or(t.error.clone())
-                    .unwrap_or_default(),
-            });
-        }
-        if let Some(lib) = library.as_mut() {
-            for t in &outcome.tried {
-                if let (Some(r), Some(v)) = (&t.resolved, &t.verdict) {
-                    let _ = lib.upsert(&tried_case(k, &run_id, &device.arch, &t.id, r, v));
-                }
-            }
-        }
-        let mut result = KernelResult {
-            kernel: name.clone(),
-            stop: outcome.stop.clone(),
-            rounds: outcome.rounds,
-            accepted,
-            rejected,
-            best_speedup: best,
-            pending: None,
-            escalation: None,
-            tokens: outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens,
-            dollars: outcome.spend.dollars,
-        };
-        if let Stop::Escalated { reason, suspicion } = &outcome.stop {
-            let note = format!(
-                "# `{name}` needs a person\n\n{reason}.\n\nWhat kopt suspects: {suspicion}\n\nThe run's journal, sessions and candidates are in this folder. Resume with guidance:\n\n    cargo kopt optimize {name} --agent {} --hint \"...\"\n",
-                opts.agent
-            );
-            result.escalation = journal
-                .save_artefact(&format!("{name}-escalation.md"), &note)
-                .ok();
-        }
-        if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
-            let pending = pending_variant(&Winner {
-                k,
-                arch: &device.arch,
-                device_name: &device.name,
-                driver_api: device.driver_api,
-                copy_gbs: ceilings.as_ref().map(|c| c.copy_gbs),
-                snapshot_before: snapshot.as_ref().map(|s| s.for_rationale()),
-                version,
-                proposal: &resolved.proposal,
-                verdict,
-                job: &job,
-                agent: &opts.agent,
-                run_id: &run_id,
-                session: &session,
-                root: &g.workspace_root,
-                budget: files::BudgetUsed {
-                    rounds: Some(outcome.rounds),
-                    candidates: Some(outcome.tried.len() as u32),
-                    wall_time_s: None,
-                    tokens: Some(
-                        outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens,
-                    ),
-                    cost_usd: Some(outcome.spend.dollars),
-                },
-            })?;
-            let saved = journal
-                .save_pending(&kopt, &pending)
-                .map_err(|e| e.to_string())?;
-            let _ = saved;
-            result.pending = Some(pending.label());
-        }
-        results.push(result);
-    }
-    let _ = journal.append(Event::RunFinished {
+        .map(|k| {
+            let cases = similar_cases(library.as_ref(), &k.spec.name, &k.reference.text);
+            (k, cases)
+        })
+        .collect();
+    let shared = RunShared {
+        g,
+        opts,
+        cfg,
+        kopt,
+        run_dir: journal.dir().to_path_buf(),
+        run_id: run_id.clone(),
+        redactor: Redactor::from_env(),
+        journal: Mutex::new(journal),
+        library: Mutex::new(library),
+    };
+    let results = pool.try_map(
+        &kernels,
+        |slot, (k, cases)| optimize_kernel(&shared, slot, k, cases.clone()),
+        progress,
+    )?;
+    let results: Vec<KernelResult> = results.into_iter().map(|r| r.value).collect();
+    let _ = shared.journal().append(Event::RunFinished {
         summary: format!("{} kernel(s)", results.len()),
     });
     Ok((run_id, results))
+}
+
+/// The loop for one kernel, on the device of `slot`.
+fn optimize_kernel(
+    run: &RunShared,
+    slot: Slot<'_>,
+    k: &Kernel,
+    cases: Vec<kopt_agent::context::CaseLine>,
+) -> Result<KernelResult, String> {
+    let (g, opts, cfg) = (run.g, run.opts, &run.cfg);
+    let progress = slot.progress;
+    let slot_ordinal = slot.ordinal;
+    let engine = slot.engine;
+    let settings = Settings {
+        device: slot.ordinal,
+        ..opts.settings.clone()
+    };
+    let device = engine.device().map_err(|e| e.to_string())?;
+    let ceilings = engine.ceilings(false).ok();
+    progress(&format!("{}: starting", k.spec.name));
+    let session = run
+        .run_dir
+        .join("sessions")
+        .join(format!("{}.jsonl", k.spec.name));
+    let proposer = Recorder::new(
+        backend(&opts.agent, cfg, &k.spec.entry)?,
+        &session,
+        run.redactor.clone(),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut client = Client::new(Box::new(proposer));
+    client.prices = cfg.prices.get(&opts.agent).copied().unwrap_or_default();
+    let mut reviewer = match &opts.reviewer {
+        Some(r) => {
+            let rec = Recorder::new(
+                backend(r, cfg, &k.spec.entry)?,
+                run.run_dir
+                    .join("sessions")
+                    .join(format!("{}-reviewer.jsonl", k.spec.name)),
+                run.redactor.clone(),
+            )
+            .map_err(|e| e.to_string())?;
+            let mut c = Client::new(Box::new(rec));
+            c.prices = cfg.prices.get(r).copied().unwrap_or_default();
+            Some(c)
+        }
+        None => None,
+    };
+    // The reference's bottleneck snapshot: the agent's first input.
+    progress(&format!("{}: profiling the reference", k.spec.name));
+    let snapshot = profile_reference(
+        g,
+        k,
+        engine,
+        &settings,
+        &opts.ncu,
+        &run.run_dir.join("profile").join(&k.spec.name),
+        &mut |m| progress(m),
+    );
+    if let Some(s) = &snapshot {
+        let _ = run.journal().append(Event::Profile {
+            kernel: k.spec.name.clone(),
+            candidate: None,
+            summary: s.render(3),
+            artefacts: vec![format!("profile/{}/snapshot.json", k.spec.name)],
+        });
+    }
+    let task = Task {
+        spec: &k.spec,
+        reference: KernelVersion::reference(&k.spec, &k.reference.text),
+        device: format!(
+            "{} ({}, {} SMs, {} MiB L2)",
+            device.name,
+            device.arch,
+            device.multiprocessors,
+            device.l2_bytes >> 20
+        ),
+        ceilings: ceilings
+            .as_ref()
+            .map(|c| {
+                format!(
+                    "copy {:.0} GB/s{}",
+                    c.copy_gbs,
+                    c.matmul_bf16_tflops
+                        .map(|t| format!("; bf16 matmul {t:.0} TFLOP/s"))
+                        .unwrap_or_default()
+                )
+            })
+            .unwrap_or_else(|| "not measured".into()),
+        snapshot: snapshot.as_ref().map(|s| s.render(8)),
+        structure: kopt_store::features::structural_summary(&k.reference.text),
+        cases,
+        hint: opts.hint.clone(),
+        context_tokens: opts.context_tokens,
+    };
+    let mut evaluator = LoopEvaluator {
+        g,
+        k,
+        engine,
+        judge: Judge::new(ceilings.clone()),
+        settings,
+        last_job: None,
+    };
+    let (mut accepted, mut rejected, mut best) = (0usize, 0usize, None::<f64>);
+    let name = k.spec.name.clone();
+    let outcome = run::optimize(
+        &task,
+        &mut client,
+        reviewer.as_mut(),
+        &mut evaluator,
+        &opts.budget,
+        &Rules::default(),
+        &mut |e| {
+            match &e {
+                run::Event::Verdict { accepted: a, .. } => {
+                    if *a {
+                        accepted += 1
+                    } else {
+                        rejected += 1
+                    }
+                }
+                run::Event::Improved { speedup, .. } => {
+                    best = Some(best.map_or(*speedup, |b: f64| b.max(*speedup)))
+                }
+                _ => {}
+            }
+            let round = match &e {
+                run::Event::Round { round } => format!("round {round}"),
+                run::Event::Request { purpose } => format!("asking ({purpose})"),
+                run::Event::Candidate { id } => format!("verifying {id}"),
+                run::Event::Verdict { id, summary, .. } => {
+                    format!("{id}: {}", summary.lines().next().unwrap_or(""))
+                }
+                run::Event::Improved { id, speedup } => format!("{id} improves: {speedup:.2}x"),
+                run::Event::Reflection => "reflection turn".into(),
+                run::Event::Review { id, objections } => {
+                    format!("{id}: {objections} objection(s)")
+                }
+            };
+            progress(&format!(
+                "{name}: {round} | best {} | {accepted} accepted, {rejected} rejected",
+                best.map(|b| format!("{b:.2}x"))
+                    .unwrap_or_else(|| "–".into())
+            ));
+        },
+    );
+    let last_job = evaluator.last_job.clone();
+    // The record: every exchange, candidate and verdict, in one piece (another device's
+    // kernel waits for the journal meanwhile).
+    let mut journal = run.journal();
+    for (req, reply) in &outcome.transcript {
+        let _ = journal.append(Event::Prompt {
+            kernel: name.clone(),
+            round: 0,
+            role: req.purpose.clone(),
+            text: req
+                .messages
+                .last()
+                .map(|m| m.content.clone())
+                .unwrap_or_default(),
+        });
+        let _ = journal.append(Event::Reply {
+            kernel: name.clone(),
+            round: 0,
+            role: req.purpose.clone(),
+            text: reply.clone().unwrap_or_else(|e| format!("error: {e}")),
+            tokens: None,
+        });
+    }
+    for t in &outcome.tried {
+        let mut artefacts = Vec::new();
+        if let Some(r) = &t.resolved {
+            if let Ok(a) = journal.save_artefact(&format!("{name}-{}.cu", t.id), &r.source) {
+                artefacts.push(a);
+            }
+        }
+        let _ = journal.append(Event::Candidate {
+            kernel: name.clone(),
+            round: t.round,
+            candidate: t.id.clone(),
+            summary: t
+                .resolved
+                .as_ref()
+                .map(|r| r.proposal.diagnosis.summary.clone())
+                .unwrap_or_default(),
+            artefacts,
+        });
+        let _ = journal.append(Event::Verdict {
+            kernel: name.clone(),
+            candidate: t.id.clone(),
+            passed: t.verdict.as_ref().is_some_and(|v| v.accepted),
+            failure_class: t
+                .verdict
+                .as_ref()
+                .and_then(|v| v.failures.first())
+                .map(|f| f.fence.name().to_string())
+                .or(t.error.as_ref().map(|_| "malformed".into())),
+            detail: t
+                .verdict
+                .as_ref()
+                .map(|v| v.summary())
+                .or(t.error.clone())
+                .unwrap_or_default(),
+        });
+    }
+    if let Some(lib) = run
+        .library
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_mut()
+    {
+        for t in &outcome.tried {
+            if let (Some(r), Some(v)) = (&t.resolved, &t.verdict) {
+                let _ = lib.upsert(&tried_case(k, &run.run_id, &device.arch, &t.id, r, v));
+            }
+        }
+    }
+    let mut result = KernelResult {
+        kernel: name.clone(),
+        stop: outcome.stop.clone(),
+        rounds: outcome.rounds,
+        accepted,
+        rejected,
+        best_speedup: best,
+        pending: None,
+        escalation: None,
+        tokens: outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens,
+        dollars: outcome.spend.dollars,
+        device: slot_ordinal,
+    };
+    if let Stop::Escalated { reason, suspicion } = &outcome.stop {
+        let note = format!(
+            "# `{name}` needs a person\n\n{reason}.\n\nWhat kopt suspects: {suspicion}\n\nThe run's journal, sessions and candidates are in this folder. Resume with guidance:\n\n    cargo kopt optimize {name} --agent {} --hint \"...\"\n",
+            opts.agent
+        );
+        result.escalation = journal
+            .save_artefact(&format!("{name}-escalation.md"), &note)
+            .ok();
+    }
+    if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
+        let pending = pending_variant(&Winner {
+            k,
+            arch: &device.arch,
+            device_name: &device.name,
+            driver_api: device.driver_api,
+            copy_gbs: ceilings.as_ref().map(|c| c.copy_gbs),
+            snapshot_before: snapshot.as_ref().map(|s| s.for_rationale()),
+            version,
+            proposal: &resolved.proposal,
+            verdict,
+            job: &job,
+            agent: &opts.agent,
+            run_id: &run.run_id,
+            session: &session,
+            root: &g.workspace_root,
+            budget: files::BudgetUsed {
+                rounds: Some(outcome.rounds),
+                candidates: Some(outcome.tried.len() as u32),
+                wall_time_s: None,
+                tokens: Some(outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens),
+                cost_usd: Some(outcome.spend.dollars),
+            },
+        })?;
+        let saved = journal
+            .save_pending(&run.kopt, &pending)
+            .map_err(|e| e.to_string())?;
+        let _ = saved;
+        result.pending = Some(pending.label());
+    }
+    Ok(result)
 }
 
 /// The geometric mean of a verdict's speedups over the reference on its declared (not

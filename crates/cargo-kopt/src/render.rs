@@ -258,9 +258,15 @@ fn indent(s: &str) -> String {
 
 pub fn optimize(run_id: &str, results: &[crate::optimize::KernelResult]) {
     use kopt_agent::run::Stop;
-    let mut t = Table::new(&[
+    // Which GPU ran a kernel matters only when there were several.
+    let several = results.iter().any(|r| r.device != results[0].device);
+    let mut headers = vec![
         "kernel", "rounds", "accepted", "rejected", "best", "stopped", "pending", "tokens", "cost",
-    ]);
+    ];
+    if several {
+        headers.push("gpu");
+    }
+    let mut t = Table::new(&headers);
     for r in results {
         let (stop, st) = match &r.stop {
             Stop::Rounds => ("rounds done".to_string(), Style::new()),
@@ -271,7 +277,7 @@ pub fn optimize(run_id: &str, results: &[crate::optimize::KernelResult]) {
             Stop::Backend { error } => (format!("agent failed: {error}"), style(AnsiColor::Red)),
             Stop::AgentDone { .. } => ("agent has no more proposals".to_string(), Style::new()),
         };
-        t.row(vec![
+        let mut row = vec![
             (r.kernel.clone(), Style::new().bold()),
             (r.rounds.to_string(), Style::new()),
             (r.accepted.to_string(), style(AnsiColor::Green)),
@@ -284,7 +290,11 @@ pub fn optimize(run_id: &str, results: &[crate::optimize::KernelResult]) {
             ),
             (r.tokens.to_string(), Style::new()),
             (format!("${:.2}", r.dollars), Style::new()),
-        ]);
+        ];
+        if several {
+            row.push((r.device.to_string(), Style::new()));
+        }
+        t.row(row);
     }
     let mut out = anstream::stdout();
     let _ = write!(out, "{}", t.render());

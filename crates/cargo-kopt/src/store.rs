@@ -384,10 +384,67 @@ pub fn query_text_of_source(path: &Path) -> Result<String, StoreCmdError> {
     Ok(kopt_store::features::search_text(&src))
 }
 
-/// Where `cases import PATH` reads: a file of JSON lines, or a repository.
+/// Where `cases import PATH` reads: a file (another library, or JSON lines), or a
+/// repository.
 pub enum ImportSource {
-    JsonLines(String),
+    File(PathBuf),
     Repository(PathBuf),
+}
+
+/// What `cargo kopt merge` did.
+#[derive(Debug, Serialize)]
+pub struct MergeOutcome {
+    pub pending: kopt_store::merge::MergeReport,
+    /// Each case library imported, with what the import did.
+    pub cases: Vec<(PathBuf, cases::ImportReport)>,
+    /// Case libraries found but not imported (`--no-cases`).
+    pub cases_skipped: Vec<PathBuf>,
+}
+
+/// `cargo kopt merge DIR...`: the pending variants of every DIR (see
+/// `kopt_store::merge::pending_root_in`), all or none, then the case libraries found at
+/// their roots into `library` (skipped when `None`).
+pub fn merge(
+    g: &Gathered,
+    dirs: &[PathBuf],
+    mut library: Option<&mut CaseLibrary>,
+) -> Result<MergeOutcome, StoreCmdError> {
+    let mut roots = Vec::new();
+    let mut libraries = Vec::new();
+    for dir in dirs {
+        if !dir.is_dir() {
+            return Err(StoreCmdError::Usage(format!(
+                "{} is not a folder; give the folders copied back from the other machines (their target folder, its kopt/ folder, or a pending area)",
+                dir.display()
+            )));
+        }
+        let root = kopt_store::merge::pending_root_in(dir);
+        let found = kopt_store::merge::case_libraries_in(dir);
+        if root.is_none() && found.is_empty() {
+            return Err(StoreCmdError::Usage(format!(
+                "{} holds neither pending variants (looked for target/kopt/pending, kopt/pending, pending, or PACKAGE/KERNEL/ARCH/pending.json folders) nor a case library (cases.sqlite or cases.jsonl); nothing was merged",
+                dir.display()
+            )));
+        }
+        roots.extend(root);
+        libraries.extend(found);
+    }
+    let pending = kopt_store::merge::merge_pending(&kopt_dir(g), &roots)?;
+    let mut out = MergeOutcome {
+        pending,
+        cases: Vec::new(),
+        cases_skipped: Vec::new(),
+    };
+    for path in libraries {
+        match library.as_deref_mut() {
+            Some(lib) => {
+                let r = kopt_store::merge::import_cases(lib, &path)?;
+                out.cases.push((path, r));
+            }
+            None => out.cases_skipped.push(path),
+        }
+    }
+    Ok(out)
 }
 
 /// Imports into the library; for a repository, the kernels' references come from its
@@ -398,15 +455,12 @@ pub fn import_cases(
     repo_name: Option<String>,
 ) -> Result<(cases::ImportReport, Vec<String>), StoreCmdError> {
     let source = if path.is_file() {
-        ImportSource::JsonLines(
-            std::fs::read_to_string(path)
-                .map_err(|e| StoreCmdError::Usage(format!("{}: {e}", path.display())))?,
-        )
+        ImportSource::File(path.to_path_buf())
     } else {
         ImportSource::Repository(path.to_path_buf())
     };
     match source {
-        ImportSource::JsonLines(text) => Ok((lib.import_jsonl(&text)?, Vec::new())),
+        ImportSource::File(file) => Ok((kopt_store::merge::import_cases(lib, &file)?, Vec::new())),
         ImportSource::Repository(repo) => {
             let mut notes = Vec::new();
             let mut references: BTreeMap<(PathBuf, String), String> = BTreeMap::new();

@@ -65,7 +65,8 @@ pub enum CasesCommand {
         #[arg(short, default_value_t = 5)]
         k: usize,
     },
-    /// Import cases: a .jsonl file (as `export` writes it), or a repository's committed
+    /// Import cases: a .jsonl file (as `export` writes it), another case library (its
+    /// .sqlite file; cases already here are not added twice), or a repository's committed
     /// kopt/ folders (each accepted variant becomes an accepted case).
     Import {
         path: PathBuf,
@@ -365,6 +366,79 @@ pub fn revert_to(
             .unwrap_or_default(),
         r.lock
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `cargo kopt merge DIR...`.
+pub fn merge(
+    g: &Gathered,
+    dirs: &[PathBuf],
+    rec: &CaseRecording,
+    json: bool,
+) -> Result<ExitCode, String> {
+    let has_libraries = dirs
+        .iter()
+        .any(|d| !kopt_store::merge::case_libraries_in(d).is_empty());
+    let mut library = if has_libraries {
+        recording_library(rec)
+    } else {
+        None
+    };
+    let r = store::merge(g, dirs, library.as_mut()).map_err(usage)?;
+    if json {
+        print_json(&r);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = anstream::stdout();
+    let p = &r.pending;
+    if !p.added.is_empty() || !p.unchanged.is_empty() {
+        let mut t = Table::new(&["pending", "variant", "run", "from", ""]);
+        for (m, what, st) in p
+            .added
+            .iter()
+            .map(|m| (m, "added", green()))
+            .chain(p.unchanged.iter().map(|m| (m, "already here", dim())))
+        {
+            t.row(vec![
+                (m.label.clone(), Style::new().bold()),
+                (m.variant.clone(), Style::new()),
+                (m.run_id.clone(), Style::new()),
+                (m.from.display().to_string(), Style::new()),
+                (what.to_string(), st),
+            ]);
+        }
+        let _ = write!(out, "{}", t.render());
+    }
+    let _ = writeln!(
+        out,
+        "{} pending variant(s) merged, {} already here; run folders: {} copied, {} already here",
+        p.added.len(),
+        p.unchanged.len(),
+        p.runs_copied.len(),
+        p.runs_present.len()
+    );
+    for (path, c) in &r.cases {
+        let _ = writeln!(
+            out,
+            "cases from {}: {} added, {} updated, {} unchanged",
+            path.display(),
+            c.added,
+            c.updated,
+            c.unchanged
+        );
+    }
+    for path in &r.cases_skipped {
+        let _ = writeln!(
+            out,
+            "{}not imported{:#}: {} (without --no-cases, it goes into the case library)",
+            yellow(),
+            yellow(),
+            path.display()
+        );
+    }
+    if !p.added.is_empty() {
+        let _ = writeln!(out, "review them with `cargo kopt review`");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -421,14 +421,7 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
     .unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_cargo-kopt"))
-            .arg("kopt")
-            .args(args)
-            .arg("--manifest-path")
-            .arg(ws.manifest())
-            .env("KOPT_WORKER", "fake")
-            .env("KOPT_CACHE_DIR", ws.root.join("cache"))
-            .env("KOPT_CASES", ws.root.join("cases.sqlite"))
+        ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
             .output()
             .unwrap()
     };

@@ -265,7 +265,7 @@ fn with_a_profiler_the_capture_decides_and_every_artefact_is_kept() {
     for needle in [
         "--clock-control none --csv --page raw --metrics gpu__time_duration.sum,",
         "-k regex:^softmax_f32$ --launch-count 1",
-        "kopt __worker --fake --oneshot",
+        "kopt __worker --fake --device 0 --oneshot",
         "job.json --report-file",
         "worker-report.json",
     ] {

@@ -5,6 +5,7 @@
 //! - [`protocol`]: the versioned parent/worker protocol and the report types;
 //! - [`worker`]: the worker process (CUDA backend, and a fake device for tests);
 //! - [`parent`]: starting and watching workers (hang watchdog, restarts);
+//! - [`pool`]: one engine per selected GPU and the scheduler of independent work items;
 //! - [`inputs`], [`compare`]: seeded inputs, poison, element-wise comparison;
 //! - [`stats`]: timing statistics, stopping rule, watchdog, outliers;
 //! - [`verdict`]: fences and figures from a report;
@@ -18,6 +19,7 @@ pub mod inputs;
 pub mod job;
 mod jsonf;
 pub mod parent;
+pub mod pool;
 pub mod protocol;
 pub mod sanitizer;
 pub mod stats;

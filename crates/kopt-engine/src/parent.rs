@@ -43,6 +43,13 @@ impl WorkerCommand {
         }
     }
 
+    /// Fake device `device` (`KOPT_FAKE_DEVICES` says how many there are).
+    pub fn fake_on(program: PathBuf, device: usize) -> Self {
+        let mut c = Self::fake(program);
+        c.args.extend(["--device".into(), device.to_string()]);
+        c
+    }
+
     pub fn is_fake(&self) -> bool {
         self.args.iter().any(|a| a == "--fake")
     }

@@ -61,21 +61,26 @@ pub(crate) type Files<'a> = [(&'a str, &'a [u8])];
 /// Writes `files` into a new hidden folder next to `dest` and syncs them. The caller
 /// renames it into place with [`publish`] (or leaves it, to simulate a crash in tests).
 pub(crate) fn write_temp_dir(dest: &Path, files: &Files) -> Result<PathBuf> {
+    fill_temp_dir(dest, |tmp| {
+        std::fs::create_dir(tmp).map_err(io(tmp))?;
+        for (name, bytes) in files {
+            write_synced(&tmp.join(name), bytes)?;
+        }
+        sync_dir(tmp);
+        Ok(())
+    })
+}
+
+/// A hidden folder next to `dest` (created by `fill`, which is given its path), removed
+/// again when `fill` fails.
+fn fill_temp_dir(dest: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
     let parent = dest
         .parent()
         .ok_or_else(|| Error::Invalid(format!("{} has no parent folder", dest.display())))?;
     std::fs::create_dir_all(parent).map_err(io(parent))?;
     let tmp = hidden_sibling(dest, "tmp");
     in_progress(&tmp, true);
-    let written = (|| {
-        std::fs::create_dir(&tmp).map_err(io(&tmp))?;
-        for (name, bytes) in files {
-            write_synced(&tmp.join(name), bytes)?;
-        }
-        sync_dir(&tmp);
-        Ok(())
-    })();
-    if let Err(e) = written {
+    if let Err(e) = fill(&tmp) {
         let _ = std::fs::remove_dir_all(&tmp);
         in_progress(&tmp, false);
         return Err(e);
@@ -113,6 +118,27 @@ pub(crate) fn abandon(tmp: &Path) {
 /// Writes a folder atomically: `dest` must not exist; afterwards it exists complete.
 pub(crate) fn write_dir_atomic(dest: &Path, files: &Files) -> Result<()> {
     let tmp = write_temp_dir(dest, files)?;
+    publish(&tmp, dest)
+}
+
+/// Copies the folder `from` (recursively) to `dest`, which must not exist: complete or
+/// not at all.
+pub(crate) fn copy_dir_atomic(from: &Path, dest: &Path) -> Result<()> {
+    fn copy(from: &Path, to: &Path) -> Result<()> {
+        std::fs::create_dir(to).map_err(io(to))?;
+        for e in std::fs::read_dir(from).map_err(io(from))? {
+            let e = e.map_err(io(from))?;
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            if src.is_dir() {
+                copy(&src, &dst)?;
+            } else {
+                std::fs::copy(&src, &dst).map_err(io(&src))?;
+            }
+        }
+        sync_dir(to);
+        Ok(())
+    }
+    let tmp = fill_temp_dir(dest, |tmp| copy(from, tmp))?;
     publish(&tmp, dest)
 }
 

@@ -10,6 +10,8 @@
 //!   structured evidence, checking that the evidence supports it.
 //! - [`journal`]: the append-only journal and artefacts of an optimisation run, under
 //!   `<target>/kopt/runs/<run-id>/`, with secrets redacted.
+//! - [`merge`]: pending variants and case libraries brought back from other machines
+//!   (`cargo kopt merge`), refusing conflicts.
 //! - [`cases`]: the case library, an SQLite database of past diagnoses and their outcomes,
 //!   and retrieval of the cases most similar to a new kernel.
 //! - [`features`]: lexical features of a kernel's source (structural summary, tokens,
@@ -26,6 +28,7 @@ pub mod features;
 mod fsx;
 pub mod journal;
 pub mod layout;
+pub mod merge;
 pub mod pending;
 pub mod redact;
 pub mod review;

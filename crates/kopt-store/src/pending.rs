@@ -337,9 +337,14 @@ pub struct Listing {
 }
 
 pub fn list(kopt: &KoptDir) -> Listing {
+    list_root(&kopt.pending_root())
+}
+
+/// Every pending variant under a pending area's root (`<target>/kopt/pending`, or a copy
+/// of one brought from another machine).
+pub fn list_root(root: &Path) -> Listing {
     let mut out = Listing::default();
-    let root = kopt.pending_root();
-    for pkg in sorted_subdirs(&root) {
+    for pkg in sorted_subdirs(root) {
         for kernel in sorted_subdirs(&pkg) {
             fsx::clean_leftovers(&kernel);
             for arch in sorted_subdirs(&kernel) {

@@ -20,6 +20,11 @@
 //!
 //! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs.
 //!
+//! **Several devices.** `KOPT_FAKE_DEVICES=N` makes N fake devices (ordinals 0 to N-1, each
+//! with its own UUID; the worker is started with `--fake --device K`), so that the device
+//! pool and its scheduling are tested without a GPU; `delay-ms` makes jobs long enough to
+//! see two devices work at once.
+//!
 //! **Timing model.** Searches build every candidate from the same source with other
 //! defines and options, so source directives alone cannot tell their times apart. A
 //! `time-table` line lists `TOKEN:FACTOR` pairs; a TOKEN is a define (`VEC=4`), an option
@@ -48,12 +53,19 @@ use crate::stats::summarise;
 
 pub struct FakeBackend {
     compiled: BTreeMap<String, ()>,
+    device: DeviceInfo,
 }
 
 impl FakeBackend {
     pub fn new() -> Self {
+        Self::on(0)
+    }
+
+    /// The fake device with this ordinal (see [`fake_device_count`]).
+    pub fn on(ordinal: usize) -> Self {
         FakeBackend {
             compiled: BTreeMap::new(),
+            device: fake_device_on(ordinal),
         }
     }
 }
@@ -64,12 +76,38 @@ impl Default for FakeBackend {
     }
 }
 
+/// The environment variable that says how many fake devices there are (default 1), so that
+/// the device pool and its scheduling can be tested without a GPU.
+pub const FAKE_DEVICES_VAR: &str = "KOPT_FAKE_DEVICES";
+
+/// How many fake devices `KOPT_FAKE_DEVICES` simulates (1 when unset).
+pub fn fake_device_count() -> Result<usize, String> {
+    match std::env::var(FAKE_DEVICES_VAR) {
+        Err(_) => Ok(1),
+        Ok(v) if v.trim().is_empty() => Ok(1),
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=64).contains(n))
+            .ok_or_else(|| {
+                format!("{FAKE_DEVICES_VAR}={v}: write how many fake devices to simulate, 1 to 64")
+            }),
+    }
+}
+
 /// The fake device: an H200-like sm_90 part.
 pub fn fake_device() -> DeviceInfo {
+    fake_device_on(0)
+}
+
+/// Fake device `ordinal`: the same part, with its own ordinal and UUID (as two GPUs of one
+/// model differ), so caches keyed by device identity keep them apart.
+pub fn fake_device_on(ordinal: usize) -> DeviceInfo {
     DeviceInfo {
-        ordinal: 0,
+        ordinal,
         name: "kopt fake GPU".into(),
-        uuid: "GPU-fake-0000".into(),
+        uuid: format!("GPU-fake-{ordinal:04}"),
         compute_capability: (9, 0),
         arch: "sm_90".into(),
         multiprocessors: 132,
@@ -216,13 +254,13 @@ impl Backend for FakeBackend {
     }
 
     fn device(&self) -> DeviceInfo {
-        fake_device()
+        self.device.clone()
     }
 
     fn ceilings(&mut self) -> Result<Ceilings, String> {
         Ok(Ceilings {
-            device: fake_device().name,
-            identity: fake_device().identity(),
+            device: self.device.name.clone(),
+            identity: self.device.identity(),
             copy_gbs: 4000.0,
             matmul_bf16_tflops: Some(750.0),
             matmul_f16_tflops: Some(740.0),
@@ -235,7 +273,7 @@ impl Backend for FakeBackend {
         let spec = &job.spec;
         let d = Directives::parse(&job.candidate.source);
         let mut report = EvalReport {
-            device: fake_device(),
+            device: self.device.clone(),
             reference: compile(&job.reference, &mut self.compiled),
             candidate: compile(&job.candidate, &mut self.compiled),
             shapes: Vec::new(),

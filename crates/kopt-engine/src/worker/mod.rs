@@ -23,23 +23,43 @@ pub trait Backend {
 /// How the worker was asked to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerKind {
-    Cuda { device: usize },
-    Fake,
+    Cuda {
+        device: usize,
+    },
+    /// Fake device `device` (of `KOPT_FAKE_DEVICES`).
+    Fake {
+        device: usize,
+    },
+}
+
+impl WorkerKind {
+    fn backend(&self) -> Result<Box<dyn Backend>, String> {
+        match *self {
+            WorkerKind::Fake { device } => {
+                let count = fake::fake_device_count()?;
+                if device >= count {
+                    return Err(format!(
+                        "fake device {device} does not exist: {} is {count}",
+                        fake::FAKE_DEVICES_VAR
+                    ));
+                }
+                Ok(Box::new(fake::FakeBackend::on(device)))
+            }
+            WorkerKind::Cuda { device } => Ok(Box::new(cuda::CudaBackend::new(device)?)),
+        }
+    }
 }
 
 /// Serves requests until `Shutdown`, end of input, or a fault. Returns the exit code.
 pub fn serve(kind: WorkerKind) -> i32 {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
-    let mut backend: Box<dyn Backend> = match kind {
-        WorkerKind::Fake => Box::new(fake::FakeBackend::new()),
-        WorkerKind::Cuda { device } => match cuda::CudaBackend::new(device) {
-            Ok(b) => Box::new(b),
-            Err(e) => {
-                send(&mut out, &Message::Error { message: e });
-                return 2;
-            }
-        },
+    let mut backend = match kind.backend() {
+        Ok(b) => b,
+        Err(e) => {
+            send(&mut out, &Message::Error { message: e });
+            return 2;
+        }
     };
     for line in stdin.lock().lines() {
         let Ok(line) = line else { return 1 };
@@ -127,15 +147,12 @@ pub fn oneshot(
             return 2;
         }
     };
-    let mut backend: Box<dyn Backend> = match kind {
-        WorkerKind::Fake => Box::new(fake::FakeBackend::new()),
-        WorkerKind::Cuda { device } => match cuda::CudaBackend::new(device) {
-            Ok(b) => Box::new(b),
-            Err(e) => {
-                eprintln!("kopt worker: {e}");
-                return 2;
-            }
-        },
+    let mut backend = match kind.backend() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("kopt worker: {e}");
+            return 2;
+        }
     };
     let report = backend.evaluate(&job, &mut |_| {});
     let fault = report.fault.is_some();
