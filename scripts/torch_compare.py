@@ -145,19 +145,9 @@ def time_graph(torch, fn, input_sets, min_calls, reps):
     with torch.cuda.graph(g):
         for ins in seq:
             fn(*ins)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
+    per_call = events_median_us(torch, g.replay, warm=1, reps=reps) / calls
     del g
-    return statistics.median(times), calls
+    return per_call, calls
 
 
 def time_do_bench(fn, inputs):
@@ -190,6 +180,7 @@ def measure(torch, fn, case, l2, args):
 
 
 def events_median_us(torch, fn, warm=3, reps=20):
+    """Median µs of `fn()` between two CUDA events, after `warm` calls."""
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()

@@ -97,7 +97,11 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
             let json = serde_json::to_string_pretty(&set).unwrap() + "\n";
             kopt_spec::files::write_atomic(Path::new(&json_path), json.as_bytes()).unwrap();
         }
-        assert_eq!(set.proposals.len(), 1, "{name}: one candidate per proposal file");
+        assert_eq!(
+            set.proposals.len(),
+            1,
+            "{name}: one candidate per proposal file"
+        );
         assert_eq!(
             set.proposals[0].candidate.source.as_deref(),
             Some(cu.as_str()),
@@ -125,7 +129,10 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
         let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
 
         let shapes = all_shapes(&k.spec);
-        assert!(shapes.len() > k.spec.shapes.len(), "{name}: no held-out shape drawn");
+        assert!(
+            shapes.len() > k.spec.shapes.len(),
+            "{name}: no held-out shape drawn"
+        );
         for values in &shapes {
             let mut vars: Vec<(&str, i64)> = values
                 .iter()
@@ -136,16 +143,26 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
             let g: Vec<i64> = grid.iter().map(eval).collect();
             let b: Vec<i64> = block.iter().map(eval).collect();
             let shape = format!("{name} {values:?}: grid {g:?} block {b:?}");
-            assert!(g.iter().all(|&d| d >= 1) && g[1] <= 65535 && g[2] <= 65535, "{shape}");
+            assert!(
+                g.iter().all(|&d| d >= 1) && g[1] <= 65535 && g[2] <= 65535,
+                "{shape}"
+            );
             assert!(b.iter().all(|&d| d >= 1), "{shape}");
             assert!(b[0] * b[1] * b[2] <= 1024 && b[0] % 32 == 0, "{shape}");
             if let Some(c) = cluster {
-                assert_eq!(g[0] % c, 0, "{shape}: the compiled-in cluster size {c} must divide the grid");
+                assert_eq!(
+                    g[0] % c,
+                    0,
+                    "{shape}: the compiled-in cluster size {c} must divide the grid"
+                );
             }
             if let (Some(items), Some(partials)) = split_scratch {
                 let heads = define(source, "HEADS").unwrap();
                 if g[0] > 1 {
-                    assert!(g[1] <= items && g[0] * g[1] * heads <= partials, "{shape}: scratch overrun");
+                    assert!(
+                        g[1] <= items && g[0] * g[1] * heads <= partials,
+                        "{shape}: scratch overrun"
+                    );
                 }
             }
         }
@@ -157,9 +174,13 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
 
 #[test]
 fn cluster_sizes_and_defines_are_read_from_the_source() {
-    let src = "#define CLUSTER 8\nextern \"C\" __global__ void __cluster_dims__(CLUSTER, 1, 1) f() {}";
+    let src =
+        "#define CLUSTER 8\nextern \"C\" __global__ void __cluster_dims__(CLUSTER, 1, 1) f() {}";
     assert_eq!(cluster_x(src), Some(8));
-    assert_eq!(cluster_x("__global__ void __cluster_dims__(4, 1, 1) f() {}"), Some(4));
+    assert_eq!(
+        cluster_x("__global__ void __cluster_dims__(4, 1, 1) f() {}"),
+        Some(4)
+    );
     assert_eq!(cluster_x("__global__ void f() {}"), None);
     assert_eq!(define("#define MAX_ITEMS 512 // x", "MAX_ITEMS"), Some(512));
     assert_eq!(define("#define MAX_ITEMS_2 7", "MAX_ITEMS"), None);
