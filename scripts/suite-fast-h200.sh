@@ -8,7 +8,9 @@
 #
 # STEPS picks the steps (default: "optimize bench torch"; "verify" adds `cargo kopt
 # verify`, compute-sanitizer included, on the accepted candidates: slower). Every step has
-# its own timeout and goes on after a failure. What comes back: $OUT/suite-fast.tgz
+# its own timeout and goes on after a failure. All of it can take longer than the device
+# tool's 10 minutes a command: run it as two calls, STEPS="optimize bench" (bench needs the pending
+# variants of the same call) and STEPS=torch. What comes back: $OUT/suite-fast.tgz
 # (pending/ as the loop left it, before any accept; runs/; the accepted kopt/ folders;
 # the logs) and $OUT/summary.txt, plus the tables on stdout.
 set -uo pipefail
@@ -36,7 +38,7 @@ cd "$ROOT/examples/llm-kernels"
 TARGET="$ROOT/target/kopt"
 
 if has optimize; then
-    step optimize 900 cargo kopt optimize "${KERNELS[@]}" \
+    step optimize 420 cargo kopt optimize "${KERNELS[@]}" \
         --agent "cmd:$PWD/agents/scripted-agent.sh" --budget rounds=1 --no-ncu --step-timeout 60
     step pending 60 cargo kopt pending
     step pending-json 60 cargo kopt pending --message-format json
@@ -60,18 +62,18 @@ if has bench || has verify; then
 fi
 
 if has bench; then
-    step bench 300 cargo kopt bench "${KERNELS[@]}" --no-cache
-    step bench-json 300 cargo kopt bench "${KERNELS[@]}" --message-format json
+    step bench 150 cargo kopt bench "${KERNELS[@]}" --no-cache
+    step bench-json 90 cargo kopt bench "${KERNELS[@]}" --message-format json
     cp "$W/logs/bench-json.txt" "$OUT/bench.json" 2>/dev/null
 fi
 
 if has verify; then
-    step verify 600 cargo kopt verify "${KERNELS[@]}"
+    step verify 300 cargo kopt verify "${KERNELS[@]}"
 fi
 
 cd "$ROOT"
 if has torch; then
-    step torch 330 env PYTHONUNBUFFERED=1 python3 scripts/torch_compare.py --out "$OUT/torch_compare.json"
+    step torch 300 env PYTHONUNBUFFERED=1 python3 scripts/torch_compare.py --out "$OUT/torch_compare.json"
     [ -f "$OUT/torch_compare.json" ] && cp "$OUT/torch_compare.json" "$W/"
 fi
 
