@@ -22,10 +22,10 @@ def conv(name, out, gemm=False):
         s = re.sub(r'// PTX-BEGIN.*?// PTX-END', '#include "ptx_emu.h"', s, flags=re.S)
         s = s.replace('extern __shared__ __align__(128) unsigned char smem[];', 'unsigned char* smem = g_dyn_smem;')
     open(f"{work}/{out}", "w").write(s)
-conv('layer_norm_f16_regs.cu', 'ln.cpp')
-conv('silu_mul_f16_vec8.cu', 'silu.cpp')
-conv('transpose_f32_tile64.cu', 'tr.cpp')
-conv('gemm_f16_mma.cu', 'gemm.cpp', gemm=True)
+conv('layer_norm.cu', 'ln.cpp')
+conv('silu_mul.cu', 'silu.cpp')
+conv('transpose.cu', 'tr.cpp')
+conv('gemm.cu', 'gemm.cpp', gemm=True)
 PY
 cd "$work"
 # The candidates reinterpret uint4 registers as __half2, as CUDA code does; in host C++

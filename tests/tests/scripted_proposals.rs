@@ -1,0 +1,199 @@
+//! The hand-written candidates that `examples/llm-kernels/agents/scripted-agent.sh` feeds
+//! to `cargo kopt optimize --agent cmd:...` are checked here without a GPU: each proposal
+//! passes the validation the loop applies to a model's reply (kopt_agent::proposal::parse),
+//! its source is the reviewable `agents/<kernel>.cu` next to it, and its launch rule gives
+//! a geometry the kernel can run on every declared shape and on every held-out shape the
+//! engine can draw (the invariants the kernels compile in: the cluster size divides the
+//! grid, and the GQA kernel's split scratch is never overrun).
+//!
+//! `KOPT_REGENERATE=1 cargo test -p kopt-tests --test scripted_proposals` copies each
+//! `agents/<kernel>.cu` into its proposal.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kopt_agent::proposal::{self, ProposalSet};
+use kopt_spec::expr::{self, Expr, Ty, VarKind};
+use kopt_spec::spec::{KernelSpec, Number};
+use kopt_tests::repo_root;
+
+const CLUSTER_ATTR: &str = "__cluster_dims__(";
+
+fn agents_dir() -> std::path::PathBuf {
+    repo_root().join("examples/llm-kernels/agents")
+}
+
+fn kernels() -> Vec<cargo_kopt::gather::Kernel> {
+    let root = repo_root().join("examples/llm-kernels");
+    let g = cargo_kopt::gather::gather_crate("llm-kernels", &root, &repo_root().join("target"));
+    assert!(g.errors.is_empty(), "{:?}", g.errors);
+    g.kernels
+}
+
+/// The value of `#define NAME <int>` in `source`.
+fn define(source: &str, name: &str) -> Option<i64> {
+    source.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        (w.next() == Some("#define") && w.next() == Some(name))
+            .then(|| w.next()?.parse().ok())
+            .flatten()
+    })
+}
+
+/// The compiled-in cluster size along x, if the kernel has one.
+fn cluster_x(source: &str) -> Option<i64> {
+    let start = source.find(CLUSTER_ATTR)? + CLUSTER_ATTR.len();
+    let arg = source[start..].split([',', ')']).next()?.trim();
+    arg.parse().ok().or_else(|| define(source, arg))
+}
+
+/// Every shape the engine can draw as held out, over many seeds, plus the declared ones.
+fn all_shapes(spec: &KernelSpec) -> Vec<BTreeMap<String, Number>> {
+    let max_bytes = spec
+        .shapes
+        .iter()
+        .map(|s| kopt_engine::job::shape_bytes(spec, &spec.shape_args(s)))
+        .max()
+        .unwrap()
+        * 2;
+    let mut out: Vec<BTreeMap<String, Number>> =
+        spec.shapes.iter().map(|s| s.values.clone()).collect();
+    for seed in 0..64 {
+        for s in kopt_engine::job::held_out_shapes(spec, None, seed, 64, max_bytes) {
+            if !out.contains(&s.values) {
+                out.push(s.values);
+            }
+        }
+    }
+    out
+}
+
+fn parse_launch(spec: &KernelSpec, defines: &BTreeMap<String, i64>, text: &str) -> Expr {
+    let names: Vec<&str> = defines.keys().map(String::as_str).collect();
+    let kinds = |n: &str| {
+        spec.var_kind_with(n, &names)
+            .or_else(|| names.contains(&n).then_some(VarKind::Int))
+    };
+    let mut all = spec.int_names();
+    all.extend(names.iter().map(|n| n.to_string()));
+    expr::parse_str(text, Ty::Int, &kinds, &all).unwrap()
+}
+
+#[test]
+fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
+    let mut checked = Vec::new();
+    for k in kernels() {
+        let name = &k.spec.name;
+        let json_path = agents_dir().join(format!("{name}.proposal.json"));
+        if !json_path.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&json_path).unwrap();
+        let cu = std::fs::read_to_string(agents_dir().join(format!("{name}.cu")))
+            .unwrap_or_else(|e| panic!("agents/{name}.cu, the proposal's reviewable source: {e}"));
+        let mut set: ProposalSet = serde_json::from_str(&text).unwrap();
+        if std::env::var_os("KOPT_REGENERATE").is_some_and(|v| v == "1") {
+            set.proposals[0].candidate.source = Some(cu.clone());
+            let json = serde_json::to_string_pretty(&set).unwrap() + "\n";
+            kopt_spec::files::write_atomic(Path::new(&json_path), json.as_bytes()).unwrap();
+        }
+        assert_eq!(
+            set.proposals.len(),
+            1,
+            "{name}: one candidate per proposal file"
+        );
+        assert_eq!(
+            set.proposals[0].candidate.source.as_deref(),
+            Some(cu.as_str()),
+            "{name}.proposal.json's source differs from agents/{name}.cu (KOPT_REGENERATE=1 copies it)"
+        );
+        let resolved = proposal::parse(&text, &k.spec, &k.reference.text)
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        let p = &resolved[0].proposal;
+        let launch = p
+            .launch
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: the candidate needs its own launch rule"));
+        let grid: Vec<Expr> = launch
+            .grid
+            .iter()
+            .map(|e| parse_launch(&k.spec, &p.defines, e))
+            .collect();
+        let block: Vec<Expr> = launch
+            .block
+            .iter()
+            .map(|e| parse_launch(&k.spec, &p.defines, e))
+            .collect();
+        let source = &resolved[0].source;
+        let cluster = cluster_x(source);
+        let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
+
+        let shapes = all_shapes(&k.spec);
+        assert!(
+            shapes.len() > k.spec.shapes.len(),
+            "{name}: no held-out shape drawn"
+        );
+        for values in &shapes {
+            let mut vars: Vec<(&str, i64)> = values
+                .iter()
+                .filter_map(|(n, v)| v.as_i64().map(|i| (n.as_str(), i)))
+                .collect();
+            vars.extend(p.defines.iter().map(|(n, v)| (n.as_str(), *v)));
+            let eval = |e: &Expr| e.eval_named(&vars).unwrap();
+            let g: Vec<i64> = grid.iter().map(eval).collect();
+            let b: Vec<i64> = block.iter().map(eval).collect();
+            let shape = format!("{name} {values:?}: grid {g:?} block {b:?}");
+            assert!(
+                g.iter().all(|&d| d >= 1) && g[1] <= 65535 && g[2] <= 65535,
+                "{shape}"
+            );
+            assert!(b.iter().all(|&d| d >= 1), "{shape}");
+            assert!(b[0] * b[1] * b[2] <= 1024 && b[0] % 32 == 0, "{shape}");
+            if let Some(c) = cluster {
+                assert_eq!(
+                    g[0] % c,
+                    0,
+                    "{shape}: the compiled-in cluster size {c} must divide the grid"
+                );
+            }
+            if let (Some(items), Some(partials)) = split_scratch {
+                let heads = define(source, "HEADS").unwrap();
+                if g[0] > 1 {
+                    assert!(
+                        g[1] <= items && g[0] * g[1] * heads <= partials,
+                        "{shape}: scratch overrun"
+                    );
+                }
+            }
+        }
+        checked.push(name.clone());
+    }
+    checked.sort();
+    assert_eq!(
+        checked,
+        [
+            "gemm",
+            "gqa_decode",
+            "layer_norm",
+            "reduce_sum",
+            "rmsnorm",
+            "silu_mul",
+            "softmax",
+            "transpose"
+        ]
+    );
+}
+
+#[test]
+fn cluster_sizes_and_defines_are_read_from_the_source() {
+    let src =
+        "#define CLUSTER 8\nextern \"C\" __global__ void __cluster_dims__(CLUSTER, 1, 1) f() {}";
+    assert_eq!(cluster_x(src), Some(8));
+    assert_eq!(
+        cluster_x("__global__ void __cluster_dims__(4, 1, 1) f() {}"),
+        Some(4)
+    );
+    assert_eq!(cluster_x("__global__ void f() {}"), None);
+    assert_eq!(define("#define MAX_ITEMS 512 // x", "MAX_ITEMS"), Some(512));
+    assert_eq!(define("#define MAX_ITEMS_2 7", "MAX_ITEMS"), None);
+}
