@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # On the H200 (staged with `gpu-stage --with-cargo`, run from the repo root through
-# `.gpu/run.sh -- bash scripts/suite-fast-h200.sh`): the hand-written fast candidates of
+# `.gpu/run.sh -- bash scripts/suite-h200.sh`): the hand-written fast candidates of
 # examples/llm-kernels/agents/ fed through kopt's loop as an engineer in the loop would
 # (`cargo kopt optimize --agent cmd:agents/scripted-agent.sh`, one round each), then the
 # winners accepted in this machine's copy only to time them with `cargo kopt bench`, and
 # PyTorch's versions of the whole suite (scripts/torch_compare.py) in the same session.
 #
-# STEPS picks the steps (default: "optimize bench torch"; "verify" adds `cargo kopt
-# verify`, compute-sanitizer included, on the accepted candidates: slower). Every step has
-# its own timeout and goes on after a failure. All of it can take longer than the device
-# tool's 10 minutes a command: run it as two calls, STEPS="optimize bench" (bench needs the pending
-# variants of the same call) and STEPS=torch. What comes back: $OUT/suite-fast.tgz
-# (pending/ as the loop left it, before any accept; runs/; the accepted kopt/ folders;
-# the logs) and $OUT/summary.txt, plus the tables on stdout.
+# STEPS picks the steps (default: "optimize bench torch"): "optimize" (the loop, one round
+# per kernel), "accept" (accepts the pending winners in this machine's copy only, so that
+# bench and verify see them), "bench" (JSON of `cargo kopt bench`: reference and active
+# version per shape), "verify" (`cargo kopt verify`, compute-sanitizer included: slower),
+# "searchbench" (the search's convergence benchmark on row_sum, 10 seeds), "torch"
+# (scripts/torch_compare.py). KERNELS overrides the kernels (default: the eight of the
+# suite). Every step has its own timeout and goes on after a failure. All of it can take
+# longer than the device tool's 10 minutes a command: run it as several calls. What comes
+# back: $OUT/suite.tgz (pending/ as the loop left it, before any accept; runs/; the
+# accepted kopt/ folders; the logs), $OUT/summary.txt, $OUT/bench.json,
+# $OUT/search-bench-row_sum.json, $OUT/torch_compare.json, plus the tables on stdout.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 STEPS="${STEPS:-optimize bench torch}"
-KERNELS=(softmax rmsnorm reduce_sum gqa_decode)
+read -r -a KERNELS <<<"${KERNELS:-softmax layer_norm rmsnorm reduce_sum transpose gqa_decode silu_mul gemm}"
 ROOT="$PWD"
-W="$OUT/suite-fast"
+W="$OUT/suite"
 mkdir -p "$W/logs"
 has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 step() { # step NAME SECONDS CMD...: runs CMD with a timeout, logs to $W/logs/NAME.txt
@@ -37,8 +41,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 cd "$ROOT/examples/llm-kernels"
 TARGET="$ROOT/target/kopt"
 
+if has searchbench; then
+    step search-bench 150 cargo kopt search-bench row_sum --seeds 10 \
+        --json-out "$OUT/search-bench-row_sum.json"
+fi
+
 if has optimize; then
-    step optimize 420 cargo kopt optimize "${KERNELS[@]}" \
+    step optimize "${OPTIMIZE_TIMEOUT:-420}" cargo kopt optimize "${KERNELS[@]}" \
         --agent "cmd:$PWD/agents/scripted-agent.sh" --budget rounds=1 --no-ncu --step-timeout 60
     step pending 60 cargo kopt pending
     step pending-json 60 cargo kopt pending --message-format json
@@ -47,7 +56,7 @@ if has optimize; then
     [ -d "$TARGET/pending" ] && cp -r "$TARGET/pending/." "$W/pending-as-left/"
 fi
 
-if has bench || has verify; then
+if has accept; then
     # Accept in this machine's copy only, so that bench and verify see the candidates as
     # the active variants; nothing here goes back to the repository except through the
     # lead's own `cargo kopt review` of the pending files.
@@ -62,9 +71,12 @@ if has bench || has verify; then
 fi
 
 if has bench; then
-    step bench 150 cargo kopt bench "${KERNELS[@]}" --no-cache
-    step bench-json 90 cargo kopt bench "${KERNELS[@]}" --message-format json
-    cp "$W/logs/bench-json.txt" "$OUT/bench.json" 2>/dev/null
+    echo "== bench-json: cargo kopt bench ${KERNELS[*]} --message-format json"
+    t0=$SECONDS
+    timeout 240 cargo kopt bench "${KERNELS[@]}" --no-cache --message-format json \
+        >"$OUT/bench.json" 2>"$W/logs/bench-json.stderr"
+    echo "   bench-json: exit $? after $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
+    tail -n 5 "$W/logs/bench-json.stderr"
 fi
 
 if has verify; then
@@ -79,8 +91,7 @@ fi
 
 mkdir -p "$W/runs"
 [ -d "$TARGET/runs" ] && cp -r "$TARGET/runs/." "$W/runs/"
-tar czf "$OUT/suite-fast.tgz" -C "$OUT" suite-fast
-cp "$W/summary.txt" "$OUT/summary.txt"
+tar czf "$OUT/suite.tgz" -C "$OUT" suite && rm -rf "$W"
 echo "== summary"
-cat "$W/summary.txt"
+tar xzf "$OUT/suite.tgz" -O suite/summary.txt | tee "$OUT/summary.txt"
 ls -la "$OUT"
