@@ -90,6 +90,28 @@ debug = false
         c
     }
 
+    /// Makes the hand-written `online-vec4` (kept in `kopt/softmax/`) softmax's variant for
+    /// sm_90 again, as `cargo kopt pin` records it: a manual claim with the region
+    /// `cols % 4 == 0`, the case several tests exercise (the example's accepted softmax
+    /// variant is the loop's winner, for every shape).
+    pub fn pin_online_vec4(&self, exe: &Path) {
+        for args in [
+            &["revert", "softmax", "--arch", "sm_90"][..],
+            &[
+                "pin",
+                "softmax",
+                "online-vec4",
+                "--arch",
+                "sm_90",
+                "--region",
+                "cols % 4 == 0",
+            ],
+        ] {
+            let o = self.kopt_on_fake(exe, args).output().unwrap();
+            assert!(o.status.success(), "{}", text(&o));
+        }
+    }
+
     /// Builds the copy (incrementally) and returns what its binary's `explain --arch ARCH`
     /// prints: which version of each kernel runs for each declared shape, and why.
     pub fn explain(&self, arch: &str) -> String {

@@ -28,9 +28,28 @@ fn softmax_line<'a>(out: &'a str, shape: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no softmax line for {shape} in\n{out}"))
 }
 
+fn softmax_kernel(ws: &ExampleWorkspace) -> gather::Kernel {
+    let g = gather::gather(&gather::Selection {
+        manifest_path: Some(ws.manifest()),
+        ..Default::default()
+    })
+    .unwrap();
+    commands::find(&g, "softmax").unwrap().clone()
+}
+
 #[test]
 fn the_build_follows_the_committed_files() {
     let ws = ExampleWorkspace::new();
+    // The hand-written online-vec4, pinned for sm_90 where `cols % 4 == 0`, instead of the
+    // loop's winner (which claims every shape): a variant with a region.
+    commands::revert(&softmax_kernel(&ws), Some("sm_90")).unwrap();
+    commands::pin(
+        &softmax_kernel(&ws),
+        "online-vec4",
+        "sm_90",
+        Some("cols % 4 == 0"),
+    )
+    .unwrap();
 
     // The shipped variant runs where its region holds, the reference elsewhere.
     let out = explain(&ws);
@@ -46,7 +65,7 @@ fn the_build_follows_the_committed_files() {
     );
     assert!(out
         .lines()
-        .filter(|l| l.starts_with("rmsnorm"))
+        .filter(|l| l.starts_with("silu_mul"))
         .all(|l| l.contains("no accepted variant for sm_90")));
     // On another architecture, the reference.
     let out = explain_built("sm_80", &[]);
@@ -103,13 +122,13 @@ fn the_build_follows_the_committed_files() {
         softmax_line(&out, "cols=4096 rows=4096").contains("no accepted variant for sm_90"),
         "{out}"
     );
-    let g = gather::gather(&gather::Selection {
-        manifest_path: Some(ws.manifest()),
-        ..Default::default()
-    })
+    commands::pin(
+        &softmax_kernel(&ws),
+        "online-vec4",
+        "sm_90",
+        Some("cols % 4 == 0"),
+    )
     .unwrap();
-    let k = commands::find(&g, "softmax").unwrap();
-    commands::pin(k, "online-vec4", "sm_90", Some("cols % 4 == 0")).unwrap();
     let out = explain(&ws);
     assert!(
         softmax_line(&out, "cols=4096 rows=4096").contains("variant `online-vec4`"),

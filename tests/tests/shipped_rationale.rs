@@ -42,7 +42,9 @@ fn the_shipped_rationale_is_built_from_its_recorded_evidence() {
     // the run log reports (3187, 456 and 2800 GB/s of 4280).
     let pct: Vec<Option<f64>> = r.figures.iter().map(|f| f.copy_bandwidth_pct).collect();
     assert_eq!(pct, [Some(74.5), Some(10.7), Some(65.4)]);
-    // Its claim is what the lock records for it.
+    // Its claim is what the lock recorded for it. A later winner replaced it for sm_90 (its
+    // folder stays, for `revert --to`); the claim was made against the same reference and
+    // annotation as the lock's current entry.
     let lock = LockFile::parse(
         &std::fs::read_to_string(root.join("examples/llm-kernels/kopt/softmax/kopt.lock")).unwrap(),
     )
@@ -50,17 +52,13 @@ fn the_shipped_rationale_is_built_from_its_recorded_evidence() {
     let entry = &lock.accepted[0];
     let claim = r.claim.as_ref().unwrap();
     assert_eq!(
-        (
-            &claim.region,
-            claim.verified_by,
-            &claim.reference_hash,
-            &claim.spec_hash
-        ),
-        (
-            &entry.region,
-            entry.verified_by,
-            &entry.reference_hash,
-            &entry.spec_hash
-        )
+        (&claim.reference_hash, &claim.spec_hash),
+        (&entry.reference_hash, &entry.spec_hash)
     );
+    if entry.variant == "online-vec4" {
+        assert_eq!(
+            (&claim.region, claim.verified_by),
+            (&entry.region, entry.verified_by)
+        );
+    }
 }

@@ -259,7 +259,9 @@ fn verify_and_bench_commands_on_the_fake_device() {
             .output()
             .unwrap()
     };
-    let o = run(&["verify", "--message-format", "json"]);
+    // softmax's hand-written online-vec4, pinned with its region, is the variant under test.
+    ws.pin_online_vec4(&exe());
+    let o = run(&["verify", "softmax", "--message-format", "json"]);
     assert!(o.status.success(), "{}", kopt_tests::text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["ok"], true);
@@ -292,7 +294,7 @@ fn verify_and_bench_commands_on_the_fake_device() {
     // A corrupted variant is not verified: the build would not use it, and check says so.
     let src = "kopt/softmax/online-vec4/kernel.cu";
     ws.write(src, &format!("{}// kopt-fake: wrong y 3\n", ws.read(src)));
-    let o = run(&["verify", "--message-format", "json"]);
+    let o = run(&["verify", "softmax", "--message-format", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         v["variants"].as_array().unwrap().len(),

@@ -379,6 +379,7 @@ fn a_metric_the_profiler_does_not_know_falls_back_to_the_sections() {
 #[test]
 fn variants_shapes_and_the_case_library() {
     let ws = ExampleWorkspace::new();
+    ws.pin_online_vec4(std::path::Path::new(env!("CARGO_BIN_EXE_cargo-kopt")));
     let o = profile(
         &ws,
         true,

