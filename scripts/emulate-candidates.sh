@@ -32,11 +32,15 @@ cd "$work"
 # that is type punning, so strict aliasing is off.
 flags="-std=c++20 -O2 -fno-strict-aliasing -pthread"
 g++ $flags mem_test.cpp -o mem_test
+# The gemm candidate picks its tile from the tile count; WIDE_MIN_TILES=1 sends these small
+# shapes through the 128 x 256 path, the default through the 128 x 128 split-K one.
 g++ $flags gemm_test.cpp -o gemm_test
+g++ $flags -DWIDE_MIN_TILES=1 gemm_test.cpp -o gemm_test_wide
 ./mem_test
 fails=0
-for s in "128 128 32" "130 136 40" "256 384 256" "33 17 19" "100 8 8" "200 64 1032"; do
+for s in "128 128 64" "130 136 40" "256 384 256" "33 17 19" "100 8 8" "200 64 1032" "257 520 200"; do
     ./gemm_test $s || fails=$((fails + 1))
+    ./gemm_test_wide $s || fails=$((fails + 1))
 done
 echo "gemm: $fails failed"
 [ "$fails" -eq 0 ]
