@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates docs/report-example.html and docs/report-screenshot.png from the H200 runs in
 # docs/runs/ (no GPU needed; chromium for the screenshot: apt-get install chromium).
-# Add `--search-bench FILE` once a GPU search benchmark has been recorded there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo run -q -p cargo-kopt -- kopt report --manifest-path examples/llm-kernels/Cargo.toml \
-    --bench docs/runs/2026-11-29-h200-evaluation/bench1.json \
+    --bench docs/runs/2026-11-29-h200-suite/bench.json \
+    --search-bench docs/runs/2026-11-29-h200-suite/search-bench-row_sum.json \
     --pending docs/runs/2026-11-29-h200-optimize/pending \
     --title "kopt report: llm-kernels on an NVIDIA H200" \
     --generated "2026-11-29, from the runs in docs/runs/" \

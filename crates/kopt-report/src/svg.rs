@@ -115,7 +115,7 @@ impl Scale {
                 // At most about 8 labelled decades.
                 let every = ((b - a) as usize).div_ceil(8).max(1);
                 (a..=b)
-                    .filter(|e| (e - a) as usize % every == 0)
+                    .filter(|e| ((e - a) as usize).is_multiple_of(every))
                     .map(|e| 10f64.powi(e))
                     .collect()
             }
