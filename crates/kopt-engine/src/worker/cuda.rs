@@ -28,17 +28,30 @@ pub struct CudaBackend {
     /// jobs with the same spec, shapes and seeds, and drawing millions of normals on the
     /// CPU would otherwise dominate each evaluation. Deterministic, so reuse is exact.
     inputs: InputCache,
-    /// Host copies of the output poison, by element type and length.
-    poison: HashMap<(kopt_spec::spec::DType, usize), Arc<Bytes>>,
+    /// Device copies of the output poison, by element type and length (each run restores
+    /// outputs from them with a device-to-device copy).
+    poison: HashMap<(kopt_spec::spec::DType, usize), DeviceBuf>,
+    /// A kernel that flags whether two device buffers differ, so that the input-modified
+    /// check needs no download; `None` until first needed, `Some(None)` if it did not
+    /// compile (the check then downloads the inputs).
+    differ: Option<Option<CudaFunction>>,
     /// The timing loop's extra input sets, kept while the buffer sizes stay the same
     /// (plain allocations each, so compute-sanitizer still sees exact bounds).
     timing_sets: Option<(Vec<usize>, Vec<Buffers>)>,
 }
 
-/// Inputs kept across jobs, bounded in bytes; the oldest entries go first.
+/// A shape's generated inputs, on the host (for comparisons) and on the device (each run
+/// restores its inputs from there with a device-to-device copy).
+struct Pristine {
+    host: Vec<Option<Bytes>>,
+    dev: Vec<Option<DeviceBuf>>,
+}
+
+/// Inputs kept across jobs, bounded in bytes (host and device alike); the oldest entries
+/// go first.
 #[derive(Default)]
 struct InputCache {
-    entries: HashMap<String, Arc<Vec<Option<Bytes>>>>,
+    entries: HashMap<String, Arc<Pristine>>,
     order: std::collections::VecDeque<String>,
     bytes: usize,
 }
@@ -46,15 +59,15 @@ struct InputCache {
 impl InputCache {
     const LIMIT_BYTES: usize = 2 << 30;
 
-    fn size(v: &[Option<Bytes>]) -> usize {
-        v.iter().flatten().map(Vec::len).sum()
+    fn size(v: &Pristine) -> usize {
+        v.host.iter().flatten().map(Vec::len).sum()
     }
 
     fn get_or_fill(
         &mut self,
         key: String,
-        fill: impl FnOnce() -> Result<Vec<Option<Bytes>>, String>,
-    ) -> Result<Arc<Vec<Option<Bytes>>>, String> {
+        fill: impl FnOnce() -> Result<Pristine, String>,
+    ) -> Result<Arc<Pristine>, String> {
         if let Some(v) = self.entries.get(&key) {
             return Ok(v.clone());
         }
@@ -161,6 +174,7 @@ impl CudaBackend {
             modules: HashMap::new(),
             inputs: InputCache::default(),
             poison: HashMap::new(),
+            differ: None,
             timing_sets: None,
         })
     }
@@ -334,20 +348,81 @@ impl CudaBackend {
         elems: &[usize],
         seed: u64,
         variation: Variation,
-    ) -> Result<Arc<Vec<Option<Bytes>>>, String> {
+    ) -> Result<Arc<Pristine>, String> {
         let spec_json = serde_json::to_string(spec).map_err(|e| e.to_string())?;
         let values = serde_json::to_string(&case.values).map_err(|e| e.to_string())?;
         let key =
             crate::cache::hash_parts(&[&spec_json, &values, &seed.to_string(), variation.name()]);
-        self.inputs
-            .get_or_fill(key, || inputs::fill_all(spec, args, elems, seed, variation))
+        let s = self.stream.clone();
+        self.inputs.get_or_fill(key, || {
+            let host = inputs::fill_all(spec, args, elems, seed, variation)?;
+            let dev = host
+                .iter()
+                .map(|h| h.as_deref().map(|data| upload(&s, data)).transpose())
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok(Pristine { host, dev })
+        })
     }
 
-    fn poison_for(&mut self, dtype: kopt_spec::spec::DType, n: usize) -> Arc<Bytes> {
-        self.poison
-            .entry((dtype, n))
-            .or_insert_with(|| Arc::new(inputs::poison(dtype, n)))
-            .clone()
+    /// The device copy of the poison for `n` elements of `dtype`.
+    fn poison_for(
+        &mut self,
+        dtype: kopt_spec::spec::DType,
+        n: usize,
+    ) -> Result<cudarc::driver::sys::CUdeviceptr, String> {
+        if !self.poison.contains_key(&(dtype, n)) {
+            if self.poison.len() >= 64 {
+                self.poison.clear();
+            }
+            let buf = upload(&self.stream, &inputs::poison(dtype, n))?;
+            self.poison.insert((dtype, n), buf);
+        }
+        Ok(self.poison[&(dtype, n)].ptr)
+    }
+
+    /// Whether the device buffers at `a` and `b` differ in their first `bytes` bytes; `None`
+    /// when the comparison kernel is not available.
+    fn device_differs(
+        &mut self,
+        a: cudarc::driver::sys::CUdeviceptr,
+        b: cudarc::driver::sys::CUdeviceptr,
+        bytes: usize,
+    ) -> Result<Option<bool>, Stop> {
+        if self.differ.is_none() {
+            let cc = (
+                self.info.compute_capability.0 as i32,
+                self.info.compute_capability.1 as i32,
+            );
+            self.differ = Some(
+                kopt::compile_ptx("kopt", "bytes_differ", DIFFER_SOURCE, &[], cc)
+                    .ok()
+                    .and_then(|ptx| self.ctx.load_module(ptx).ok())
+                    .and_then(|m| m.load_function("kopt_bytes_differ").ok()),
+            );
+        }
+        let Some(Some(f)) = self.differ.clone() else {
+            return Ok(None);
+        };
+        let flag = DeviceBuf::new(4).map_err(|e| Stop::driver("allocation", e))?;
+        let s = self.stream.clone();
+        // SAFETY: `flag` holds 4 bytes.
+        unsafe { cudarc::driver::result::memset_d8_async(flag.ptr, 0, 4, s.cu_stream()) }
+            .map_err(|e| Stop::driver("memset", e))?;
+        let mut p = Params {
+            cells: vec![a, b, bytes as u64, flag.ptr],
+        };
+        let g = Geometry {
+            grid: [(bytes.div_ceil(256 * 16) as u32).clamp(1, 1024), 1, 1],
+            block: [256, 1, 1],
+            smem: 0,
+        };
+        launch(&s, &f, &g, &mut p).map_err(|e| Stop::driver("compare launch", e))?;
+        let mut out = [0u8; 4];
+        // SAFETY: `flag` holds 4 bytes.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut out, flag.ptr, s.cu_stream()) }
+            .map_err(|e| Stop::driver("download", e))?;
+        s.synchronize().map_err(|e| Stop::driver("compare", e))?;
+        Ok(Some(u32::from_le_bytes(out) != 0))
     }
 
     // The error carries the partial report: a cold path, once per failing shape.
@@ -523,27 +598,30 @@ impl CudaBackend {
         g: &Geometry,
         values: &BTreeMap<String, Number>,
         bufs: &mut Buffers,
-        pristine: &[Option<Bytes>],
+        pristine: &Pristine,
         check_inputs: bool,
     ) -> Result<(Vec<Bytes>, Vec<String>), Stop> {
         let s = self.stream.clone();
-        for ((b, dev), (n, host)) in spec
+        for ((b, dev), (n, source)) in spec
             .buffers()
             .zip(bufs.dev.iter_mut())
-            .zip(bufs.elems.iter().zip(pristine))
+            .zip(bufs.elems.iter().zip(&pristine.dev))
         {
-            let poison;
-            let data: &[u8] = match host {
-                Some(h) => h,
-                None => {
-                    poison = self.poison_for(b.dtype, *n);
-                    &poison
-                }
+            let from = match source {
+                Some(p) => p.ptr,
+                None => self.poison_for(b.dtype, *n).map_err(Stop::Error)?,
             };
-            if !data.is_empty() {
-                // SAFETY: `dev` holds `data.len()` bytes; pageable copies complete before return.
-                unsafe { cudarc::driver::result::memcpy_htod_async(dev.ptr, data, s.cu_stream()) }
-                    .map_err(|e| Stop::driver("upload", e))?;
+            if dev.bytes > 0 {
+                // SAFETY: both hold `dev.bytes` bytes (same spec, shape and dtype).
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        dev.ptr,
+                        from,
+                        dev.bytes,
+                        s.cu_stream(),
+                    )
+                }
+                .map_err(|e| Stop::driver("restore", e))?;
             }
         }
         let mut p = params(spec, values, bufs);
@@ -551,10 +629,23 @@ impl CudaBackend {
         s.synchronize().map_err(|e| Stop::driver("kernel", e))?;
         let mut outputs = Vec::new();
         let mut modified = Vec::new();
-        for ((b, dev), host) in spec.buffers().zip(bufs.dev.iter()).zip(pristine) {
+        for (((b, dev), host), source) in spec
+            .buffers()
+            .zip(bufs.dev.iter())
+            .zip(&pristine.host)
+            .zip(&pristine.dev)
+        {
             let is_output = b.direction != Direction::In;
             if !is_output && !check_inputs {
                 continue;
+            }
+            if let (false, Some(src)) = (is_output, source) {
+                if let Some(differs) = self.device_differs(dev.ptr, src.ptr, dev.bytes)? {
+                    if differs {
+                        modified.push(b.name.clone());
+                    }
+                    continue;
+                }
             }
             let mut data = vec![0u8; dev.bytes];
             // SAFETY: `dev` holds `dev.bytes` bytes.
@@ -700,6 +791,33 @@ impl CudaBackend {
         self.timing_sets = Some((sizes, extra));
         Ok(figures)
     }
+}
+
+/// Flags whether two byte ranges differ: the input-modified check, on the device.
+const DIFFER_SOURCE: &str = r#"
+extern "C" __global__ void kopt_bytes_differ(const unsigned char* a, const unsigned char* b,
+                                             unsigned long long n, unsigned int* flag) {
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         i < n; i += stride) {
+        if (a[i] != b[i]) {
+            *flag = 1u;
+            return;
+        }
+    }
+}
+"#;
+
+/// A device copy of `data` (plain allocation, so compute-sanitizer sees its bounds).
+fn upload(s: &CudaStream, data: &[u8]) -> Result<DeviceBuf, String> {
+    let buf = DeviceBuf::new(data.len()).map_err(|e| format!("allocation: {e:?}"))?;
+    if !data.is_empty() {
+        // SAFETY: `buf` holds `data.len()` bytes; the copy completes before return.
+        unsafe { cudarc::driver::result::memcpy_htod_async(buf.ptr, data, s.cu_stream()) }
+            .map_err(|e| format!("upload: {e:?}"))?;
+        s.synchronize().map_err(|e| format!("upload: {e:?}"))?;
+    }
+    Ok(buf)
 }
 
 /// Kernel parameters: one 8-byte cell per argument (a device pointer, or a scalar's bytes
