@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # No GPU needed: runs the hand-written candidates of examples/llm-kernels/agents/
-# (layer_norm, transpose, silu_mul, gemm) in a CPU emulation of their blocks (one thread
+# (layer_norm, transpose, silu_mul, gemm, gqa_decode) in a CPU emulation of their blocks (one thread
 # per CUDA thread; __syncthreads, warp shuffles, ldmatrix, mma.sync m16n8k16 and
 # deferred cp.async groups emulated in scripts/emulate-candidates/*.h) and compares them
 # with f64 references on small and edge shapes. Needs g++ (C++20) and python3.
@@ -14,14 +14,19 @@ cp "$here"/emulate-candidates/* "$work/"
 python3 - "$agents" "$work" <<'PY'
 import re, sys
 agents, work = sys.argv[1], sys.argv[2]
-def conv(name, out, gemm=False):
+def conv(name, out, gemm=False, gqa=False):
     s = open(f"{agents}/{name}").read()
     s = s.replace('#include <cuda_fp16.h>', '#include "emu.h"').replace('extern "C" __global__', '')
     s = re.sub(r'asm volatile\("st.global.cs.v4.u32.*?: "memory"\);', '*p = v;', s, flags=re.S)
     if gemm:
         s = re.sub(r'// PTX-BEGIN.*?// PTX-END', '#include "ptx_emu.h"', s, flags=re.S)
         s = s.replace('extern __shared__ __align__(128) unsigned char smem[];', 'unsigned char* smem = g_dyn_smem;')
+    if gqa:
+        s = re.sub(r'// PTX-BEGIN.*?// PTX-END', '#include "gqa_ptx_emu.h"', s, flags=re.S)
+        s = s.replace('__shared__ __align__(16)', 'alignas(16) static')
+        s = s.replace('return *reinterpret_cast<const unsigned int*>(&h);', 'unsigned int r; memcpy(&r, &h, 4); return r;')
     open(f"{work}/{out}", "w").write(s)
+conv('gqa_decode.cu', 'gqa.cpp', gqa=True)
 conv('layer_norm.cu', 'ln.cpp')
 conv('silu_mul.cu', 'silu.cpp')
 conv('transpose.cu', 'tr.cpp')
@@ -43,4 +48,16 @@ for s in "128 128 64" "130 136 40" "256 384 256" "33 17 19" "100 8 8" "200 64 10
     ./gemm_test_wide $s || fails=$((fails + 1))
 done
 echo "gemm: $fails failed"
+[ "$fails" -eq 0 ]
+# gqa_decode: batch q_heads kv_heads seq_len WAVE_BLOCKS [splits]. Groups of 1, 2, 3, 4, 8,
+# 11 (two work items of 8 and 3 heads) and 16; one split (WAVE_BLOCKS 1, or more work
+# items than WAVE_BLOCKS) and many; several tiles per warp; empty trailing splits.
+g++ $flags gqa_test.cpp -o gqa_test
+for s in "1 32 8 1 132" "1 32 8 17 132" "2 32 8 1000 132" "1 32 8 4099 132" "3 16 8 333 132" \
+         "1 64 8 515 132" "1 64 4 300 132" "2 24 8 200 132" "1 8 8 129 132" "2 33 3 77 132" \
+         "2 32 8 513 1" "20 32 8 64 132" "1 32 8 40 132 5" "1 16 16 31 132 7" \
+         "1 32 8 3000 16" "1 32 8 4100 8" "2 32 8 2500 40" "1 64 4 1500 9"; do
+    ./gqa_test $s || fails=$((fails + 1))
+done
+echo "gqa_decode: $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,0 +1,25 @@
+// Emulations of the PTX wrappers of the gqa_decode candidate (and the CUDA intrinsics it
+// uses beyond emu.h).
+#include "ptx_emu.h"
+#include <atomic>
+struct uint2 { unsigned x, y; };
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    uint64_t v = (uint64_t)y << 32 | x; unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
+template <class T> inline T __ldcg(const T* p) { return *p; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __trap() { fprintf(stderr, "__trap\n"); abort(); }
+inline uint4 ld_stream(const __half* p) { uint4 r; memcpy(&r, p, 16); return r; }
+inline float ex2(float x) { return std::exp2(x); }
+inline void mma_rows8(float& d0, float& d1, unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+    unsigned a[4] = {a0, 0, a2, 0}, b[2] = {b0, b1};
+    float d[4] = {d0, d1, 0, 0};
+    mma_16816(d, a, b);
+    d0 = d[0]; d1 = d[1];
+}
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }

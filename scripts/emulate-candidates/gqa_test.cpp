@@ -1,0 +1,42 @@
+// Emulated runs of the gqa_decode candidate against an f64 reference:
+// gqa_test batch q_heads kv_heads seq_len wave_blocks (the launch rule's WAVE_BLOCKS)
+// [splits: overrides the rule's grid.x, e.g. to leave trailing splits empty].
+#include "gqa.cpp"
+#include <random>
+int main(int argc, char** argv) {
+    unsigned batch = atoi(argv[1]), qh = atoi(argv[2]), kvh = atoi(argv[3]), seq = atoi(argv[4]);
+    unsigned wave = atoi(argv[5]);
+    std::mt19937 rng(batch * 7919 + qh * 131 + kvh * 17 + seq); std::normal_distribution<float> nd(0, 1);
+    std::vector<__half> q(batch * qh * 128), k((size_t)batch * kvh * seq * 128), v(k.size()), o(q.size());
+    for (auto& x : q) x = __float2half(nd(rng)); for (auto& x : k) x = __float2half(nd(rng));
+    for (auto& x : v) x = __float2half(nd(rng));
+    // The proposal's launch rule.
+    auto cdiv = [](unsigned a, unsigned b) { return (a + b - 1) / b; };
+    unsigned items = batch * kvh * cdiv(qh / kvh, 8);
+    unsigned s0 = std::max(1u, wave / items), per = cdiv(cdiv(seq, s0), 16) * 16, splits = cdiv(seq, per);
+    if (argc > 6) splits = atoi(argv[6]);
+    int fails = 0;
+    for (int rep = 0; rep < 2; ++rep) {  // twice: the arrival counters must be reset
+        for (auto& x : o) x = __float2half(NAN);
+        launch({splits, items}, {256, 1}, 0, [&] {
+            gqa_decode_f16(q.data(), k.data(), v.data(), o.data(), batch, qh, kvh, seq);
+        });
+        size_t bad = 0; double maxerr = 0;
+        for (unsigned b = 0; b < batch; ++b) for (unsigned h = 0; h < qh; ++h) {
+            unsigned kv = h / (qh / kvh);
+            const __half* kr = &k[((size_t)b * kvh + kv) * seq * 128];
+            const __half* vr = &v[((size_t)b * kvh + kv) * seq * 128];
+            std::vector<double> s(seq); double mx = -1e300;
+            for (unsigned j = 0; j < seq; ++j) { double d = 0; for (int e = 0; e < 128; ++e) d += (double)__half2float(q[(b * qh + h) * 128 + e]) * __half2float(kr[j * 128 + e]);
+                s[j] = d / std::sqrt(128.0); mx = std::max(mx, s[j]); }
+            double sum = 0; for (auto& x : s) { x = std::exp(x - mx); sum += x; }
+            for (int e = 0; e < 128; ++e) { double a = 0; for (unsigned j = 0; j < seq; ++j) a += s[j] * __half2float(vr[j * 128 + e]);
+                a /= sum; double got = __half2float(o[(b * qh + h) * 128 + e]); double err = std::fabs(got - a);
+                if (!(err <= 1e-2 + 1e-2 * std::fabs(a))) { if (bad < 3) printf("  bad b%u h%u d%d got %f want %f\n", b, h, e, got, a); ++bad; }
+                if (!(err <= maxerr)) maxerr = err; }
+        }
+        printf("gqa_decode B%u Hq%u Hkv%u S%u grid %ux%u run %d: max abs err %.2e bad %zu\n", batch, qh, kvh, seq, splits, items, rep, maxerr, bad);
+        fails += bad != 0;
+    }
+    return fails;
+}
