@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # No GPU needed: runs the hand-written candidates of examples/llm-kernels/agents/
-# (layer_norm, transpose, silu_mul, gemm, gqa_decode) in a CPU emulation of their blocks (one thread
+# (layer_norm, rmsnorm, softmax without its cluster mode, transpose, silu_mul, gemm, gqa_decode) in a CPU emulation of their blocks (one thread
 # per CUDA thread; __syncthreads, warp shuffles, ldmatrix, mma.sync m16n8k16 and
 # deferred cp.async groups emulated in scripts/emulate-candidates/*.h) and compares them
 # with f64 references on small and edge shapes. Needs g++ (C++20) and python3.
@@ -31,6 +31,16 @@ conv('layer_norm.cu', 'ln.cpp')
 conv('silu_mul.cu', 'silu.cpp')
 conv('transpose.cu', 'tr.cpp')
 conv('gemm.cu', 'gemm.cpp', gemm=True)
+conv('rmsnorm.cu', 'rms.cpp')
+# softmax: the cluster helpers are PTX; the emulated shapes never reach the cluster mode.
+s = open(f"{agents}/softmax.cu").read().replace('extern "C" __global__', '')
+s = re.sub(r'__device__ __forceinline__ unsigned int cluster_rank.*?\n}\n\n(?=// One warp per row)', '', s, flags=re.S)
+s = s.replace('__device__ __forceinline__ void warp_merge', '''unsigned cluster_rank() { abort(); }
+void cluster_arrive() { abort(); }
+void cluster_wait() { abort(); }
+float2 load_remote(const float2*, unsigned) { abort(); }
+__device__ __forceinline__ void warp_merge''')
+open(f"{work}/sm.cpp", "w").write(s)
 PY
 cd "$work"
 # The candidates reinterpret uint4 registers as __half2, as CUDA code does; in host C++
@@ -41,7 +51,9 @@ g++ $flags mem_test.cpp -o mem_test
 # shapes through the 128 x 256 path, the default through the 128 x 128 split-K one.
 g++ $flags gemm_test.cpp -o gemm_test
 g++ $flags -DWIDE_MIN_TILES=1 gemm_test.cpp -o gemm_test_wide
+g++ $flags norms_test.cpp -o norms_test
 ./mem_test
+./norms_test
 fails=0
 for s in "128 128 64" "130 136 40" "256 384 256" "33 17 19" "100 8 8" "200 64 1032" "257 520 200"; do
     ./gemm_test $s || fails=$((fails + 1))

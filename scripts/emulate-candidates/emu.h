@@ -25,8 +25,11 @@ dim3 blockDim, gridDim;
 #define __constant__ static
 struct uint4 { unsigned x, y, z, w; };
 struct float2 { float x, y; };
+struct float3 { float x, y, z; };
 struct float4 { float x, y, z, w; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float3 make_float3(float a, float b, float c) { return {a, b, c}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 struct __half { _Float16 v; };
 struct __half2 { __half x, y; };

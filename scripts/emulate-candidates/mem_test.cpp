@@ -15,8 +15,10 @@ void check(const char* what, double got, double want, double rtol, double atol, 
 void ln(unsigned rows, unsigned cols) {
     std::vector<__half> x(rows * cols), w(cols), b(cols), y(rows * cols, __float2half(NAN));
     for (auto& v : x) v = __float2half(nd(rng) + 0.5f); for (auto& v : w) v = __float2half(nd(rng)); for (auto& v : b) v = __float2half(nd(rng));
-    // The proposal's launch rule: min(1024, max(32, round_up(ceil_div(cols, 32), 32))).
-    unsigned block = std::min(1024u, std::max(32u, ((cols + 31) / 32 + 31) / 32 * 32));
+    // The proposal's launch rule: min(1024, max(32, round_up(ceil_div(cols, D), 32))),
+    // D = 8 for fewer than 256 rows, else 32.
+    const unsigned per = rows < 256 ? 8 : 32;
+    unsigned block = std::min(1024u, std::max(32u, ((cols + per - 1) / per + 31) / 32 * 32));
     launch({rows, 1}, {block, 1}, 0, [&] { layer_norm_f16(x.data(), w.data(), b.data(), y.data(), rows, cols, 1e-5f); });
     size_t bad = 0;
     for (unsigned r = 0; r < rows; ++r) { double m = 0, v = 0; for (unsigned c = 0; c < cols; ++c) m += __half2float(x[r*cols+c]); m /= cols;
@@ -43,7 +45,8 @@ void tr(unsigned rows, unsigned cols) {
     printf("transpose %ux%u bad %zu\n", rows, cols, bad); fails += bad != 0;
 }
 int main() {
-    ln(3, 4096); ln(2, 8192); ln(3, 1001); ln(2, 64); ln(2, 40000); ln(2, 8); ln(1, 33000);
+    ln(3, 4096); ln(2, 8192); ln(3, 1001); ln(2, 64); ln(2, 40000); ln(2, 8); ln(1, 33000); ln(2, 16384); ln(2, 16392);
+    ln(256, 1024); ln(257, 1001); ln(256, 2056);
     silu(5, 4096); silu(4, 1376); silu(3, 1001); silu(7, 8); silu(2, 11008);
     tr(128, 128); tr(200, 72); tr(37, 101); tr(64, 4); tr(4, 260); tr(130, 3);
     printf("%d failed\n", fails); return fails;
