@@ -168,6 +168,10 @@ pub struct KernelResult {
     pub dollars: f64,
     /// The GPU ordinal the kernel's loop ran on.
     pub device: usize,
+    /// Why a verified winner was not left as a pending variant (its evidence did not
+    /// support a rationale); the other kernels of the run go on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending_refused: Option<String>,
 }
 
 pub struct Options {
@@ -511,6 +515,7 @@ fn optimize_kernel(
         tokens: outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens,
         dollars: outcome.spend.dollars,
         device: slot_ordinal,
+        pending_refused: None,
     };
     if let Stop::Escalated { reason, suspicion } = &outcome.stop {
         let note = format!(
@@ -522,7 +527,7 @@ fn optimize_kernel(
             .ok();
     }
     if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
-        let pending = pending_variant(&Winner {
+        let pending = match pending_variant(&Winner {
             k,
             arch: &device.arch,
             device_name: &device.name,
@@ -544,7 +549,14 @@ fn optimize_kernel(
                 tokens: Some(outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens),
                 cost_usd: Some(outcome.spend.dollars),
             },
-        })?;
+        }) {
+            Ok(p) => p,
+            Err(e) => {
+                progress(&format!("{name}: the winner is not recorded: {e}"));
+                result.pending_refused = Some(e);
+                return Ok(result);
+            }
+        };
         let saved = journal
             .save_pending(&run.kopt, &pending)
             .map_err(|e| e.to_string())?;

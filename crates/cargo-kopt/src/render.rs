@@ -285,7 +285,13 @@ pub fn optimize(run_id: &str, results: &[crate::optimize::KernelResult]) {
             (opt(r.best_speedup, |b| format!("{b:.2}x")), Style::new()),
             (stop, st),
             (
-                r.pending.clone().unwrap_or_else(|| "–".into()),
+                r.pending.clone().unwrap_or_else(|| {
+                    if r.pending_refused.is_some() {
+                        "refused (see JSON)".into()
+                    } else {
+                        "–".into()
+                    }
+                }),
                 Style::new(),
             ),
             (r.tokens.to_string(), Style::new()),

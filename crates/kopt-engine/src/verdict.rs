@@ -214,10 +214,6 @@ impl Judge {
                 message: f.clone(),
             });
         }
-        // The copy ceiling moves reads and writes in equal measure; streams that mostly
-        // read run a few percent above it from HBM (on the H200, PyTorch's fused
-        // silu*mul, two reads per write, at 105% of it). Only more than that is implausible.
-        const COPY_PLAUSIBLE: f64 = 1.10;
         let copy = self
             .ceilings
             .as_ref()
@@ -296,7 +292,7 @@ impl Judge {
             if let Some(t) = ct {
                 let from_dram = t.method.contains("L2 cold") || s.bytes > 2 * l2;
                 if let Some(p) = bw(t.median_us) {
-                    if p > 100.0 * COPY_PLAUSIBLE && from_dram {
+                    if p > kopt_spec::files::COPY_BANDWIDTH_PLAUSIBLE_PCT && from_dram {
                         v.failures.push(Failure {
                             fence: Fence::Roofline,
                             shape: Some(s.label.clone()),

@@ -201,9 +201,10 @@ pub fn build(e: &Evidence) -> Result<Rationale> {
                 }
                 let achieved_gbs = bytes as f64 / (m.variant_us * 1e-6) / 1e9;
                 let pct = achieved_gbs / peak * 100.0;
-                if pct > 100.0 {
+                let plausible = kopt_spec::files::COPY_BANDWIDTH_PLAUSIBLE_PCT;
+                if pct > plausible {
                     return bad(format!(
-                        "shape {label}: {achieved_gbs:.0} GB/s is {pct:.1}% of the measured copy bandwidth; above 100% is a measurement error (unflushed caches, an unsynchronised clock, or wrong ideal bytes), not a speedup"
+                        "shape {label}: {achieved_gbs:.0} GB/s is {pct:.1}% of the measured copy bandwidth; above {plausible:.0}% is a measurement error (unflushed caches, an unsynchronised clock, or wrong ideal bytes), not a speedup"
                     ));
                 }
                 Some((pct * 10.0).round() / 10.0)

@@ -159,7 +159,7 @@ fn evidence_that_does_not_support_a_rationale_is_refused() {
     );
     refuse(
         &|e| e.measurements[0].variant_us = 2.0,
-        "above 100% is a measurement error",
+        "above 110% is a measurement error",
     );
     refuse(
         &|e| e.changes[1].why = " ".into(),
