@@ -1,5 +1,5 @@
-//! On a GPU: every generated launcher against the CPU reference, with the shipped
-//! softmax variant selected on sm_90.
+//! On a GPU: every generated launcher against the CPU reference, with the accepted
+//! variants selected on sm_90.
 
 use kopt::cudarc::driver::CudaContext;
 use llm_kernels::check;
@@ -19,9 +19,11 @@ fn launchers_agree_with_the_cpu_reference() {
     let on_hopper = ctx.compute_capability().unwrap() == (9, 0);
     let softmax: Vec<&check::Check> = checks.iter().filter(|c| c.kernel == "softmax").collect();
     if on_hopper && !kopt::disabled() {
-        assert_eq!(softmax[0].ran, "online-vec4 (sm_90)", "{softmax:?}");
-        let odd = softmax.iter().find(|c| c.shape == "8x50257").unwrap();
-        assert_eq!(odd.ran, "reference (sm_90)", "outside the variant's region");
+        // The accepted softmax variant for sm_90 claims every shape, 8x50257 included.
+        assert!(
+            softmax.iter().all(|c| !c.ran.starts_with("reference")),
+            "{softmax:?}"
+        );
     }
     assert!(check::short_buffer_is_refused(&stream).unwrap());
 }
