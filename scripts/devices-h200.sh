@@ -13,8 +13,12 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 cd examples/llm-kernels
-KERNELS=(reduce_sum gqa_decode)
-COMMON=(--budget rounds=1 --no-ncu --no-cache --step-timeout 60 --color never)
+# KERNELS and AGENT override the kernels and the agent (e.g. the whole suite with
+# AGENT=cmd:$PWD/agents/scripted-agent.sh on a machine of two GPUs); LIMIT_S bounds each run.
+read -r -a KERNELS <<<"${KERNELS:-reduce_sum gqa_decode}"
+AGENT="${AGENT:-heuristic}"
+LIMIT_S="${LIMIT_S:-150}"
+COMMON=(--budget rounds=1 --no-ncu --no-cache --step-timeout 60 --color never --agent "$AGENT")
 echo "== devices"
 cargo kopt devices --color never
 status=0
@@ -25,7 +29,7 @@ for mode in all none; do
   [ "$mode" = all ] && flag=(--devices all)
   echo "== optimize ${flag[*]:-(no --devices)}: ${KERNELS[*]}"
   start=$(date +%s%N)
-  CARGO_TARGET_DIR="$target" timeout 150 cargo kopt optimize "${KERNELS[@]}" "${flag[@]}" \
+  CARGO_TARGET_DIR="$target" timeout "$LIMIT_S" cargo kopt optimize "${KERNELS[@]}" "${flag[@]}" \
     "${COMMON[@]}" --run "devices-$mode" --message-format json | tee "$OUT/optimize-$mode.json" || status=1
   end=$(date +%s%N)
   echo "wall time ($mode): $(( (end - start) / 1000000 )) ms"
