@@ -37,19 +37,23 @@ fn softmax_kernel(ws: &ExampleWorkspace) -> gather::Kernel {
     commands::find(&g, "softmax").unwrap().clone()
 }
 
+fn pin_online_vec4(ws: &ExampleWorkspace) {
+    commands::pin(
+        &softmax_kernel(ws),
+        "online-vec4",
+        "sm_90",
+        Some("cols % 4 == 0"),
+    )
+    .unwrap();
+}
+
 #[test]
 fn the_build_follows_the_committed_files() {
     let ws = ExampleWorkspace::new();
     // The hand-written online-vec4, pinned for sm_90 where `cols % 4 == 0`, instead of the
     // loop's winner (which claims every shape): a variant with a region.
     commands::revert(&softmax_kernel(&ws), Some("sm_90")).unwrap();
-    commands::pin(
-        &softmax_kernel(&ws),
-        "online-vec4",
-        "sm_90",
-        Some("cols % 4 == 0"),
-    )
-    .unwrap();
+    pin_online_vec4(&ws);
 
     // The shipped variant runs where its region holds, the reference elsewhere.
     let out = explain(&ws);
@@ -122,13 +126,7 @@ fn the_build_follows_the_committed_files() {
         softmax_line(&out, "cols=4096 rows=4096").contains("no accepted variant for sm_90"),
         "{out}"
     );
-    commands::pin(
-        &softmax_kernel(&ws),
-        "online-vec4",
-        "sm_90",
-        Some("cols % 4 == 0"),
-    )
-    .unwrap();
+    pin_online_vec4(&ws);
     let out = explain(&ws);
     assert!(
         softmax_line(&out, "cols=4096 rows=4096").contains("variant `online-vec4`"),
