@@ -635,6 +635,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// The highest share of the measured copy bandwidth (in percent) a timing from device
+/// memory can plausibly reach. The copy ceiling moves reads and writes in equal measure;
+/// streams that mostly read run a few percent above it on HBM (on the H200, PyTorch's fused
+/// silu*mul, two reads per write, at 105%). Above this, a figure is a measurement error (or
+/// the kernel skips work). The engine's roofline fence and the rationale builder share it.
+pub const COPY_BANDWIDTH_PLAUSIBLE_PCT: f64 = 110.0;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -668,10 +675,3 @@ mod tests {
         assert_eq!(leftovers.len(), 1, "no temporary file left behind");
     }
 }
-
-/// The highest share of the measured copy bandwidth (in percent) a timing from device
-/// memory can plausibly reach. The copy ceiling moves reads and writes in equal measure;
-/// streams that mostly read run a few percent above it on HBM (on the H200, PyTorch's fused
-/// silu*mul, two reads per write, at 105%). Above this, a figure is a measurement error (or
-/// the kernel skips work). The engine's roofline fence and the rationale builder share it.
-pub const COPY_BANDWIDTH_PLAUSIBLE_PCT: f64 = 110.0;
