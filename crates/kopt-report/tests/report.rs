@@ -12,7 +12,7 @@ fn repo() -> PathBuf {
 }
 
 /// The fixture: real H200 measurements from `docs/runs/`, the example crate's committed
-/// softmax variant as it was then (a copy under `tests/fixtures/`), and `cargo kopt
+/// softmax variant as it was then (`tests/fixtures/llm-kernels-online-vec4`), and `cargo kopt
 /// search-bench row_sum --seeds 5` on the fake device (fixed, unlike the GPU runs).
 fn fixture() -> Report {
     let r = repo();
@@ -34,7 +34,7 @@ fn fixture() -> Report {
         // crate's own change as the loop accepts new winners).
         committed: input::read_committed(
             "llm-kernels",
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llm-kernels"),
+            &r.join("tests/fixtures/llm-kernels-online-vec4"),
         ),
         pending,
         pending_broken,

@@ -18,6 +18,33 @@ pub fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/llm-kernels")
 }
 
+/// A crate holding the example crate's committed softmax files as they were before the
+/// loop's winners replaced `online-vec4` (fixed, unlike the example crate): a copy of
+/// `tests/fixtures/llm-kernels-online-vec4` with a `Cargo.toml`, in a temporary folder.
+pub fn example_online_vec4() -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                copy(&p, &to.join(e.file_name()));
+            } else {
+                std::fs::copy(&p, to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let from =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/llm-kernels-online-vec4");
+    copy(&from, dir.path());
+    std::fs::write(
+        dir.path().join("Cargo.toml"),
+        "[package]\nname = \"llm-kernels\"\n",
+    )
+    .unwrap();
+    dir
+}
+
 pub struct Fixture {
     _dir: tempfile::TempDir,
     pub crate_root: PathBuf,
