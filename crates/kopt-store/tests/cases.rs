@@ -238,7 +238,7 @@ fn committed_variants_import_as_accepted_cases() {
     };
     let example = common::example_online_vec4();
     let mut lib = CaseLibrary::open_in_memory().unwrap();
-    let report = lib.import_committed(&example.path(), &opts).unwrap();
+    let report = lib.import_committed(example.path(), &opts).unwrap();
     assert_eq!((report.added, report.skipped.len()), (1, 0), "{report:?}");
     let c = lib
         .get("kopt/llm-kernels/softmax/online-vec4@sm_90")
@@ -263,7 +263,7 @@ fn committed_variants_import_as_accepted_cases() {
     );
     assert_eq!(c.origin.krate.as_deref(), Some("llm-kernels"));
     // Importing again is idempotent.
-    let report = lib.import_committed(&example.path(), &opts).unwrap();
+    let report = lib.import_committed(example.path(), &opts).unwrap();
     assert_eq!((report.added, report.unchanged), (0, 1));
 
     // A broken lock or rationale is skipped with why, the rest imported.
