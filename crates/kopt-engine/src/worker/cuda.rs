@@ -35,9 +35,116 @@ pub struct CudaBackend {
     /// check needs no download; `None` until first needed, `Some(None)` if it did not
     /// compile (the check then downloads the inputs).
     differ: Option<Option<CudaFunction>>,
-    /// The timing loop's extra input sets, kept while the buffer sizes stay the same
-    /// (plain allocations each, so compute-sanitizer still sees exact bounds).
-    timing_sets: Option<(Vec<usize>, Vec<Buffers>)>,
+    /// The 4-byte flag `differ` writes, allocated once.
+    differ_flag: Option<DeviceBuf>,
+    /// Each shape's buffers and the timing loop's extra input sets, kept between jobs.
+    pool: BufferPool,
+    /// The reference's timing graphs: every job of a search times the same reference on
+    /// the same shapes, over the same pooled buffers.
+    reference_graphs: GraphCache,
+}
+
+/// Instantiated timing graphs by what they launch: the function (modules are never
+/// unloaded, so its handle names it for the process), the geometry, the launch count and
+/// every launch's arguments (buffer addresses and scalars). A hit therefore replays
+/// exactly the launches a fresh capture would record. The newest few are kept.
+#[derive(Default)]
+struct GraphCache {
+    entries: std::collections::VecDeque<(GraphKey, cudarc::driver::CudaGraph)>,
+}
+
+#[derive(PartialEq)]
+struct GraphKey {
+    function: usize,
+    geometry: Geometry,
+    reps: usize,
+    args: Vec<Vec<u64>>,
+}
+
+impl GraphCache {
+    const LIMIT: usize = 8;
+
+    fn key(f: &CudaFunction, g: &Geometry, p: &[Params], reps: usize) -> GraphKey {
+        GraphKey {
+            function: f.cu_function() as usize,
+            geometry: *g,
+            reps,
+            args: p.iter().map(|p| p.cells.clone()).collect(),
+        }
+    }
+
+    fn take(&mut self, key: &GraphKey) -> Option<cudarc::driver::CudaGraph> {
+        let i = self.entries.iter().position(|(k, _)| k == key)?;
+        self.entries.remove(i).map(|(_, g)| g)
+    }
+
+    fn put(&mut self, key: GraphKey, graph: cudarc::driver::CudaGraph) {
+        if self.entries.len() >= Self::LIMIT {
+            self.entries.pop_front();
+        }
+        self.entries.push_back((key, graph));
+    }
+}
+
+/// Device buffers kept between jobs, by their sizes: a search runs the same shapes
+/// hundreds of times, and every `cuMemAlloc`/`cuMemFree` pair costs tens of microseconds
+/// (the free synchronises the device). Only the allocations are reused, never the
+/// contents: each run restores its inputs and poisons its outputs first, and the timing
+/// sets are copied afresh. Plain allocations, so compute-sanitizer still sees each
+/// buffer's exact bounds. Bounded in bytes; the oldest go first, and all of them when an
+/// allocation fails.
+#[derive(Default)]
+struct BufferPool {
+    /// Oldest first.
+    free: Vec<Buffers>,
+    bytes: usize,
+}
+
+impl BufferPool {
+    const LIMIT_BYTES: usize = 8 << 30;
+
+    /// Buffers of exactly `sizes` bytes (by parameter order), pooled or new.
+    fn take(&mut self, sizes: &[usize], elems: &[usize]) -> Result<Buffers, DriverError> {
+        if let Some(i) = self.free.iter().rposition(|b| b.sizes() == sizes) {
+            let mut b = self.free.remove(i);
+            self.bytes -= b.total();
+            b.elems = elems.to_vec();
+            return Ok(b);
+        }
+        let alloc = || -> Result<Buffers, DriverError> {
+            let mut dev = Vec::with_capacity(sizes.len());
+            for &bytes in sizes {
+                dev.push(DeviceBuf::new(bytes)?);
+            }
+            Ok(Buffers {
+                dev,
+                elems: elems.to_vec(),
+            })
+        };
+        match alloc() {
+            Err(_) if !self.free.is_empty() => {
+                self.free.clear();
+                self.bytes = 0;
+                alloc()
+            }
+            other => other,
+        }
+    }
+
+    /// Keeps `b` for a later job. Only for buffers no queued work still uses (the stream
+    /// was synchronised).
+    fn put(&mut self, b: Buffers) {
+        let n = b.total();
+        if n > Self::LIMIT_BYTES {
+            return;
+        }
+        while self.bytes + n > Self::LIMIT_BYTES && !self.free.is_empty() {
+            let old = self.free.remove(0);
+            self.bytes -= old.total();
+        }
+        self.bytes += n;
+        self.free.push(b);
+    }
 }
 
 /// A shape's generated inputs, on the host (for comparisons) and on the device (each run
@@ -175,7 +282,9 @@ impl CudaBackend {
             inputs: InputCache::default(),
             poison: HashMap::new(),
             differ: None,
-            timing_sets: None,
+            differ_flag: None,
+            pool: BufferPool::default(),
+            reference_graphs: GraphCache::default(),
         })
     }
 
@@ -283,6 +392,16 @@ impl Drop for DeviceBuf {
 struct Buffers {
     dev: Vec<DeviceBuf>,
     elems: Vec<usize>,
+}
+
+impl Buffers {
+    fn sizes(&self) -> Vec<usize> {
+        self.dev.iter().map(|d| d.bytes).collect()
+    }
+
+    fn total(&self) -> usize {
+        self.dev.iter().map(|d| d.bytes).sum()
+    }
 }
 
 impl Backend for CudaBackend {
@@ -403,7 +522,10 @@ impl CudaBackend {
         let Some(Some(f)) = self.differ.clone() else {
             return Ok(None);
         };
-        let flag = DeviceBuf::new(4).map_err(|e| Stop::driver("allocation", e))?;
+        if self.differ_flag.is_none() {
+            self.differ_flag = Some(DeviceBuf::new(4).map_err(|e| Stop::driver("allocation", e))?);
+        }
+        let flag = self.differ_flag.as_ref().expect("allocated above");
         let s = self.stream.clone();
         // SAFETY: `flag` holds 4 bytes.
         unsafe { cudarc::driver::result::memset_d8_async(flag.ptr, 0, 4, s.cu_stream()) }
@@ -479,20 +601,49 @@ impl CudaBackend {
             .buffers()
             .map(|b| eval(&b.len).unwrap_or(0).max(0) as usize)
             .collect();
-        let alloc = || -> Result<Buffers, DriverError> {
-            let mut dev = Vec::new();
-            for (b, n) in spec.buffers().zip(&elems) {
-                dev.push(DeviceBuf::new(n * b.dtype.size())?);
-            }
-            Ok(Buffers {
-                dev,
-                elems: elems.clone(),
-            })
-        };
-        let mut bufs = match alloc() {
+        let sizes: Vec<usize> = spec
+            .buffers()
+            .zip(&elems)
+            .map(|(b, n)| n * b.dtype.size())
+            .collect();
+        let mut bufs = match self.pool.take(&sizes, &elems) {
             Ok(b) => b,
             Err(e) => return Err((out, Stop::driver("allocation", e))),
         };
+        let result = self.run_shape_on(
+            job,
+            case,
+            (rf, &rg),
+            (cf, &cg),
+            &args,
+            &elems,
+            &mut bufs,
+            out,
+            progress,
+        );
+        // Every path that returns without a fault has synchronised the stream; after a
+        // fault the context is gone and so are the buffers.
+        if !matches!(result, Err((_, Stop::Fault(_)))) {
+            self.pool.put(bufs);
+        }
+        result
+    }
+
+    /// [`Self::run_shape`] on its buffers: the checks, the timing and the re-check.
+    #[allow(clippy::too_many_arguments, clippy::result_large_err)]
+    fn run_shape_on(
+        &mut self,
+        job: &EvalJob,
+        case: &ShapeCase,
+        (rf, rg): (&CudaFunction, &Geometry),
+        (cf, cg): (&CudaFunction, &Geometry),
+        args: &[i64],
+        elems: &[usize],
+        bufs: &mut Buffers,
+        mut out: ShapeReport,
+        progress: &mut dyn FnMut(&str),
+    ) -> ShapeResult {
+        let spec = &job.spec;
 
         // Two checks with fresh inputs: declared, then shifted distributions. In each, the
         // candidate runs before and after the reference, on poisoned outputs.
@@ -501,17 +652,17 @@ impl CudaBackend {
             (Variation::Shifted, job.seeds.second),
         ] {
             progress(&format!("{}: check ({})", case.label, variation.name()));
-            let pristine = match self.inputs_for(spec, case, &args, &elems, seed, variation) {
+            let pristine = match self.inputs_for(spec, case, args, elems, seed, variation) {
                 Ok(p) => p,
                 Err(e) => return Err((out, Stop::Error(format!("inputs: {e}")))),
             };
             let r = (|| -> Result<CheckRuns, Stop> {
                 let (c1, modified) =
-                    self.run_once(spec, cf, &cg, &case.values, &mut bufs, &pristine, true)?;
+                    self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true)?;
                 let (reference, _) =
-                    self.run_once(spec, rf, &rg, &case.values, &mut bufs, &pristine, false)?;
+                    self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false)?;
                 let (c2, modified2) =
-                    self.run_once(spec, cf, &cg, &case.values, &mut bufs, &pristine, true)?;
+                    self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true)?;
                 let mut m = modified;
                 m.extend(
                     modified2
@@ -534,21 +685,29 @@ impl CudaBackend {
                 phase: Phase::BeforeReference,
                 variation,
                 seed,
-                outputs: compare_outputs(spec, &args, &c1, &reference),
+                outputs: compare_outputs(spec, args, &c1, &reference),
             });
             out.checks.push(CheckReport {
                 phase: Phase::AfterReference,
                 variation,
                 seed,
-                outputs: compare_outputs(spec, &args, &c2, &reference),
+                outputs: compare_outputs(spec, args, &c2, &reference),
             });
         }
 
         let Some(policy) = job.timing.as_ref().filter(|_| case.timed) else {
             return Ok(out);
         };
-        progress(&format!("{}: timing", case.label));
-        let times = self.time_pair(policy, spec, &case.values, (rf, &rg), (cf, &cg), &bufs);
+        let mut step = |what: &str| progress(&format!("{}: {what}", case.label));
+        let times = self.time_pair(
+            policy,
+            spec,
+            &case.values,
+            (rf, rg),
+            (cf, cg),
+            bufs,
+            &mut step,
+        );
         match times {
             Ok((tr, tc)) => {
                 out.reference.as_mut().expect("set above").timing = Some(tr);
@@ -562,8 +721,8 @@ impl CudaBackend {
         let pristine = match self.inputs_for(
             spec,
             case,
-            &args,
-            &elems,
+            args,
+            elems,
             job.seeds.after_timing,
             Variation::Declared,
         ) {
@@ -572,8 +731,8 @@ impl CudaBackend {
         };
         let r = (|| -> Result<(Vec<Bytes>, Vec<Bytes>), Stop> {
             let (reference, _) =
-                self.run_once(spec, rf, &rg, &case.values, &mut bufs, &pristine, false)?;
-            let (c, _) = self.run_once(spec, cf, &cg, &case.values, &mut bufs, &pristine, true)?;
+                self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false)?;
+            let (c, _) = self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true)?;
             Ok((c, reference))
         })();
         match r {
@@ -581,7 +740,7 @@ impl CudaBackend {
                 phase: Phase::AfterTiming,
                 variation: Variation::Declared,
                 seed: job.seeds.after_timing,
-                outputs: compare_outputs(spec, &args, &c, &reference),
+                outputs: compare_outputs(spec, args, &c, &reference),
             }),
             Err(stop) => return Err((out, stop)),
         }
@@ -675,6 +834,7 @@ impl CudaBackend {
         r: (&CudaFunction, &Geometry),
         c: (&CudaFunction, &Geometry),
         base: &Buffers,
+        progress: &mut dyn FnMut(&str),
     ) -> Result<(Timing, Timing), Stop> {
         let s = self.stream.clone();
         let twice_l2 = 2 * self.info.l2_bytes;
@@ -688,24 +848,17 @@ impl CudaBackend {
             .min(policy.max_input_sets.max(1) as usize)
             .min(((8u64 << 30) / per_set).max(1) as usize);
         let cold = per_set * sets as u64 >= twice_l2;
-        // Copies of the inputs (and outputs) for sets 1..; the allocations of the last
-        // timing are reused when the sizes match (a search times the same shapes again and
-        // again), the contents are copied afresh every time.
-        let sizes: Vec<usize> = base.dev.iter().map(|d| d.bytes).collect();
-        let mut extra: Vec<Buffers> = match self.timing_sets.take() {
-            Some((old, sets)) if old == sizes => sets,
-            _ => Vec::new(),
-        };
-        extra.truncate(sets - 1);
-        while extra.len() < sets - 1 {
-            let mut dev = Vec::new();
-            for &bytes in &sizes {
-                dev.push(DeviceBuf::new(bytes).map_err(|e| Stop::driver("allocation", e))?);
-            }
-            extra.push(Buffers {
-                dev,
-                elems: base.elems.clone(),
-            });
+        // Copies of the inputs (and outputs) for sets 1..: pooled allocations, contents
+        // copied afresh every time.
+        progress("timing (setup)");
+        let sizes = base.sizes();
+        let mut extra: Vec<Buffers> = Vec::with_capacity(sets - 1);
+        for _ in 1..sets {
+            extra.push(
+                self.pool
+                    .take(&sizes, &base.elems)
+                    .map_err(|e| Stop::driver("allocation", e))?,
+            );
         }
         for set in &extra {
             for (n, d) in set.dev.iter().zip(&base.dev) {
@@ -738,10 +891,19 @@ impl CudaBackend {
         let est = estimate(r.0, r.1, &mut pr[0])?
             .min(estimate(c.0, c.1, &mut pc[0])?)
             .max(0.5);
-        // Enough launches per replay that the replay's own overhead is noise.
-        let mut reps = ((policy.graph_target_us / est).ceil() as usize).clamp(sets, 2000);
+        // Enough launches per replay that the replay's own overhead is noise; a power of two
+        // (times the sets), so that the reference's graph of the last job is reused when
+        // the candidates' speeds are alike.
+        let mut reps = ((policy.graph_target_us / est).ceil() as usize)
+            .next_power_of_two()
+            .clamp(sets, 2048);
         reps = reps.div_ceil(sets) * sets;
-        let gr = capture(&s, r.0, r.1, &mut pr, reps)?;
+        progress("timing (graph capture)");
+        let reference_key = GraphCache::key(r.0, r.1, &pr, reps);
+        let gr = match self.reference_graphs.take(&reference_key) {
+            Some(g) => g,
+            None => capture(&s, r.0, r.1, &mut pr, reps)?,
+        };
         let gc = capture(&s, c.0, c.1, &mut pc, reps)?;
         let time_graph = |g: &cudarc::driver::CudaGraph| -> Result<f64, Stop> {
             let e0 = event()?;
@@ -753,6 +915,7 @@ impl CudaBackend {
                     / reps as f64,
             )
         };
+        progress("timing (replays)");
         time_graph(&gr)?;
         time_graph(&gc)?;
         let (mut sr, mut sc) = (Vec::new(), Vec::new());
@@ -787,8 +950,13 @@ impl CudaBackend {
             stats::summarise(&method, reps as u32, &sr),
             stats::summarise(&method, reps as u32, &sc),
         );
-        drop((gr, gc));
-        self.timing_sets = Some((sizes, extra));
+        drop(gc);
+        self.reference_graphs.put(reference_key, gr);
+        // Last taken, first reused: put back in reverse, so the next job takes the same
+        // sets in the same order and finds the reference's graph.
+        for set in extra.into_iter().rev() {
+            self.pool.put(set);
+        }
         Ok(figures)
     }
 }
