@@ -1,13 +1,14 @@
 //! The hand-written candidates that `examples/llm-kernels/agents/scripted-agent.sh` feeds
 //! to `cargo kopt optimize --agent cmd:...` are checked here without a GPU: each proposal
 //! passes the validation the loop applies to a model's reply (kopt_agent::proposal::parse),
-//! its source is the reviewable `agents/<kernel>.cu` next to it, and its launch rule gives
+//! its source is the reviewable file next to it (`agents/<kernel>.cu` for `proposals[0]`,
+//! the files of [`MORE_CANDIDATES`] for the next ones), and its launch rule gives
 //! a geometry the kernel can run on every declared shape and on every held-out shape the
 //! engine can draw (the invariants the kernels compile in: the cluster size divides the
 //! grid, and the GQA kernel's split scratch is never overrun).
 //!
 //! `KOPT_REGENERATE=1 cargo test -p kopt-tests --test scripted_proposals` copies each
-//! `agents/<kernel>.cu` into its proposal.
+//! candidate file into its proposal.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,6 +19,19 @@ use kopt_spec::spec::{KernelSpec, Number};
 use kopt_tests::repo_root;
 
 const CLUSTER_ATTR: &str = "__cluster_dims__(";
+
+/// Kernels whose proposal file holds more than one candidate: the sources of
+/// `proposals[1..]`, in order, in `agents/` (`proposals[0]` is always `<kernel>.cu`).
+const MORE_CANDIDATES: &[(&str, &[&str])] = &[("gemm", &["gemm_wgmma.cu"])];
+
+/// The reviewable source file of each proposal of `kernel`'s proposal file, in order.
+fn candidate_files(kernel: &str) -> Vec<String> {
+    let mut files = vec![format!("{kernel}.cu")];
+    if let Some((_, more)) = MORE_CANDIDATES.iter().find(|(k, _)| *k == kernel) {
+        files.extend(more.iter().map(|f| f.to_string()));
+    }
+    files
+}
 
 fn agents_dir() -> std::path::PathBuf {
     repo_root().join("examples/llm-kernels/agents")
@@ -79,6 +93,66 @@ fn parse_launch(spec: &KernelSpec, defines: &BTreeMap<String, i64>, text: &str) 
     expr::parse_str(text, Ty::Int, &kinds, &all).unwrap()
 }
 
+/// The proposal's launch rule gives a runnable geometry on every declared and held-out shape,
+/// and keeps the invariants its source compiles in (cluster size, GQA split scratch).
+fn check_launchable(spec: &KernelSpec, name: &str, p: &proposal::Proposal, source: &str) {
+    let launch = p
+        .launch
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: the candidate needs its own launch rule"));
+    let grid: Vec<Expr> = launch
+        .grid
+        .iter()
+        .map(|e| parse_launch(spec, &p.defines, e))
+        .collect();
+    let block: Vec<Expr> = launch
+        .block
+        .iter()
+        .map(|e| parse_launch(spec, &p.defines, e))
+        .collect();
+    let cluster = cluster_x(source);
+    let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
+
+    let shapes = all_shapes(spec);
+    assert!(
+        shapes.len() > spec.shapes.len(),
+        "{name}: no held-out shape drawn"
+    );
+    for values in &shapes {
+        let mut vars: Vec<(&str, i64)> = values
+            .iter()
+            .filter_map(|(n, v)| v.as_i64().map(|i| (n.as_str(), i)))
+            .collect();
+        vars.extend(p.defines.iter().map(|(n, v)| (n.as_str(), *v)));
+        let eval = |e: &Expr| e.eval_named(&vars).unwrap();
+        let g: Vec<i64> = grid.iter().map(eval).collect();
+        let b: Vec<i64> = block.iter().map(eval).collect();
+        let shape = format!("{name} {values:?}: grid {g:?} block {b:?}");
+        assert!(
+            g.iter().all(|&d| d >= 1) && g[1] <= 65535 && g[2] <= 65535,
+            "{shape}"
+        );
+        assert!(b.iter().all(|&d| d >= 1), "{shape}");
+        assert!(b[0] * b[1] * b[2] <= 1024 && b[0] % 32 == 0, "{shape}");
+        if let Some(c) = cluster {
+            assert_eq!(
+                g[0] % c,
+                0,
+                "{shape}: the compiled-in cluster size {c} must divide the grid"
+            );
+        }
+        if let (Some(items), Some(partials)) = split_scratch {
+            let heads = define(source, "HEADS").unwrap();
+            if g[0] > 1 {
+                assert!(
+                    g[1] <= items && g[0] * g[1] * heads <= partials,
+                    "{shape}: scratch overrun"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
     let mut checked = Vec::new();
@@ -89,82 +163,48 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
             continue;
         }
         let text = std::fs::read_to_string(&json_path).unwrap();
-        let cu = std::fs::read_to_string(agents_dir().join(format!("{name}.cu")))
-            .unwrap_or_else(|e| panic!("agents/{name}.cu, the proposal's reviewable source: {e}"));
+        let files = candidate_files(name);
+        let sources: Vec<String> = files
+            .iter()
+            .map(|f| {
+                std::fs::read_to_string(agents_dir().join(f))
+                    .unwrap_or_else(|e| panic!("agents/{f}, a proposal's reviewable source: {e}"))
+            })
+            .collect();
         let mut set: ProposalSet = serde_json::from_str(&text).unwrap();
         if std::env::var_os("KOPT_REGENERATE").is_some_and(|v| v == "1") {
-            set.proposals[0].candidate.source = Some(cu.clone());
+            for (p, cu) in set.proposals.iter_mut().zip(&sources) {
+                p.candidate.source = Some(cu.clone());
+            }
             let json = serde_json::to_string_pretty(&set).unwrap() + "\n";
             kopt_spec::files::write_atomic(Path::new(&json_path), json.as_bytes()).unwrap();
         }
         assert_eq!(
             set.proposals.len(),
-            1,
-            "{name}: one candidate per proposal file"
+            files.len(),
+            "{name}: one candidate per source file ({files:?})"
         );
-        assert_eq!(
-            set.proposals[0].candidate.source.as_deref(),
-            Some(cu.as_str()),
-            "{name}.proposal.json's source differs from agents/{name}.cu (KOPT_REGENERATE=1 copies it)"
-        );
+        for (i, (p, (file, cu))) in set
+            .proposals
+            .iter()
+            .zip(files.iter().zip(&sources))
+            .enumerate()
+        {
+            assert_eq!(
+                p.candidate.source.as_deref(),
+                Some(cu.as_str()),
+                "{name}.proposal.json's proposals[{i}] source differs from agents/{file} (KOPT_REGENERATE=1 copies it)"
+            );
+        }
         let resolved = proposal::parse(&text, &k.spec, &k.reference.text)
             .unwrap_or_else(|e| panic!("{name}: {e:?}"));
-        let p = &resolved[0].proposal;
-        let launch = p
-            .launch
-            .as_ref()
-            .unwrap_or_else(|| panic!("{name}: the candidate needs its own launch rule"));
-        let grid: Vec<Expr> = launch
-            .grid
-            .iter()
-            .map(|e| parse_launch(&k.spec, &p.defines, e))
-            .collect();
-        let block: Vec<Expr> = launch
-            .block
-            .iter()
-            .map(|e| parse_launch(&k.spec, &p.defines, e))
-            .collect();
-        let source = &resolved[0].source;
-        let cluster = cluster_x(source);
-        let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
-
-        let shapes = all_shapes(&k.spec);
-        assert!(
-            shapes.len() > k.spec.shapes.len(),
-            "{name}: no held-out shape drawn"
+        assert_eq!(
+            resolved.len(),
+            files.len(),
+            "{name}: every proposal resolves"
         );
-        for values in &shapes {
-            let mut vars: Vec<(&str, i64)> = values
-                .iter()
-                .filter_map(|(n, v)| v.as_i64().map(|i| (n.as_str(), i)))
-                .collect();
-            vars.extend(p.defines.iter().map(|(n, v)| (n.as_str(), *v)));
-            let eval = |e: &Expr| e.eval_named(&vars).unwrap();
-            let g: Vec<i64> = grid.iter().map(eval).collect();
-            let b: Vec<i64> = block.iter().map(eval).collect();
-            let shape = format!("{name} {values:?}: grid {g:?} block {b:?}");
-            assert!(
-                g.iter().all(|&d| d >= 1) && g[1] <= 65535 && g[2] <= 65535,
-                "{shape}"
-            );
-            assert!(b.iter().all(|&d| d >= 1), "{shape}");
-            assert!(b[0] * b[1] * b[2] <= 1024 && b[0] % 32 == 0, "{shape}");
-            if let Some(c) = cluster {
-                assert_eq!(
-                    g[0] % c,
-                    0,
-                    "{shape}: the compiled-in cluster size {c} must divide the grid"
-                );
-            }
-            if let (Some(items), Some(partials)) = split_scratch {
-                let heads = define(source, "HEADS").unwrap();
-                if g[0] > 1 {
-                    assert!(
-                        g[1] <= items && g[0] * g[1] * heads <= partials,
-                        "{shape}: scratch overrun"
-                    );
-                }
-            }
+        for r in &resolved {
+            check_launchable(&k.spec, name, &r.proposal, &r.source);
         }
         checked.push(name.clone());
     }
