@@ -419,7 +419,11 @@ fn code(
     }
     let options = version.compile_options();
     let opts: Vec<&str> = options.iter().map(String::as_str).collect();
-    let label = format!("{arch}, {arch_note}");
+    // A variant whose options name an arch-specific target (sm_90a) is compiled for it.
+    let label = match kopt::options_arch(&opts) {
+        Some(named) if named != arch => format!("{named} (named by the options), {arch_note}"),
+        _ => format!("{arch}, {arch_note}"),
+    };
     progress("ptx");
     let (ptx_status, ptx) = match compute_capability(arch) {
         None => (

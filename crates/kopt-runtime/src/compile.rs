@@ -38,6 +38,19 @@ fn names_arch(options: &[&str]) -> bool {
         .any(|o| o.starts_with("--gpu-architecture") || o.starts_with("-arch"))
 }
 
+/// The real architecture that options such as `--gpu-architecture=compute_90a` choose
+/// (`sm_90a`), where they choose one: a variant that needs arch-specific instructions
+/// (wgmma) names it, and tools that report what they compiled say so.
+pub fn options_arch(options: &[&str]) -> Option<String> {
+    options.iter().find_map(|o| {
+        let value = o
+            .strip_prefix("--gpu-architecture=")
+            .or_else(|| o.strip_prefix("-arch="))
+            .or_else(|| o.strip_prefix("--gpu-architecture "))?;
+        Some(value.trim().replace("compute_", "sm_"))
+    })
+}
+
 /// Compiles `source` to PTX for compute capability `cc`. The error carries NVRTC's full
 /// log (file names and line numbers come from the `#line` markers of the source).
 pub fn compile_ptx(
@@ -199,4 +212,19 @@ pub(crate) fn load(
         .map_err(Error::driver)?;
     }
     Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::options_arch;
+
+    #[test]
+    fn options_name_the_real_architecture() {
+        assert_eq!(
+            options_arch(&["-DX=1", "--gpu-architecture=compute_90a"]).as_deref(),
+            Some("sm_90a")
+        );
+        assert_eq!(options_arch(&["-arch=sm_80"]).as_deref(), Some("sm_80"));
+        assert_eq!(options_arch(&["--use_fast_math"]), None);
+    }
 }

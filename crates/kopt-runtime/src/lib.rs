@@ -25,7 +25,9 @@ mod error;
 pub mod gpu;
 mod kernel;
 
-pub use compile::{compile_cubin, compile_native, compile_ptx, cuda_include_dirs, Native};
+pub use compile::{
+    compile_cubin, compile_native, compile_ptx, cuda_include_dirs, options_arch, Native,
+};
 pub use error::Error;
 pub use kernel::{
     disabled, BufferDef, Kernel, KernelDef, Launch, Reason, RegionDef, Selection, UnusableDef,
