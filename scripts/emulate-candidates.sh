@@ -47,12 +47,22 @@ cd "$work"
 # that is type punning, so strict aliasing is off.
 flags="-std=c++20 -O2 -fno-strict-aliasing -pthread"
 g++ $flags mem_test.cpp -o mem_test
+# The transpose candidate's ORDER define (which tiles run side by side) changes its index
+# arithmetic: the other orders run too, and bands of 3 tile rows (GROUP) leave a short
+# last band on the test shapes.
+for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3"; do
+    g++ $flags $order mem_test.cpp -o "mem_test$order"
+done
 # The gemm candidate picks its tile from the tile count; WIDE_MIN_TILES=1 sends these small
 # shapes through the 128 x 256 path, the default through the 128 x 128 split-K one.
 g++ $flags gemm_test.cpp -o gemm_test
 g++ $flags -DWIDE_MIN_TILES=1 gemm_test.cpp -o gemm_test_wide
 g++ $flags norms_test.cpp -o norms_test
 ./mem_test
+for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3"; do
+    echo "transpose $order:"
+    "./mem_test$order" | grep transpose
+done
 ./norms_test
 fails=0
 for s in "128 128 64" "130 136 40" "256 384 256" "33 17 19" "100 8 8" "200 64 1032" "257 520 200"; do

@@ -38,6 +38,7 @@ inline __half __float2half(float f) { return {(_Float16)f}; }
 inline float2 __half22float2(__half2 h) { return {(float)h.x.v, (float)h.y.v}; }
 inline __half2 __floats2half2_rn(float a, float b) { return {{(_Float16)a}, {(_Float16)b}}; }
 template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline void __stcs(T* p, T v) { *p = v; }
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 using std::min; using std::max;

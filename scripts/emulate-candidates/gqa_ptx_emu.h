@@ -21,5 +21,3 @@ inline void mma_rows8(float& d0, float& d1, unsigned a0, unsigned a2, unsigned b
     mma_16816(d, a, b);
     d0 = d[0]; d1 = d[1];
 }
-inline float2 make_float2(float a, float b) { return {a, b}; }
-inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
