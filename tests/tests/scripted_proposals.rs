@@ -22,7 +22,11 @@ const CLUSTER_ATTR: &str = "__cluster_dims__(";
 
 /// Kernels whose proposal file holds more than one candidate: the sources of
 /// `proposals[1..]`, in order, in `agents/` (`proposals[0]` is always `<kernel>.cu`).
-const MORE_CANDIDATES: &[(&str, &[&str])] = &[("gemm", &["gemm_wgmma.cu"])];
+const MORE_CANDIDATES: &[(&str, &[&str])] = &[
+    ("gemm", &["gemm_wgmma.cu"]),
+    // The same kernel with other block orders (`ORDER`), for the loop to measure.
+    ("transpose", &["transpose.cu", "transpose.cu"]),
+];
 
 /// The reviewable source file of each proposal of `kernel`'s proposal file, in order.
 fn candidate_files(kernel: &str) -> Vec<String> {
