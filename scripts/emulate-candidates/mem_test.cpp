@@ -12,9 +12,9 @@ int fails = 0;
 void check(const char* what, double got, double want, double rtol, double atol, size_t& bad) {
     if (!(std::fabs(got - want) <= atol + rtol * std::fabs(want))) { if (bad < 3) printf("  %s got %f want %f\n", what, got, want); ++bad; }
 }
-void ln(unsigned rows, unsigned cols) {
+void ln(unsigned rows, unsigned cols, float offset = 0.5f) {
     std::vector<__half> x(rows * cols), w(cols), b(cols), y(rows * cols, __float2half(NAN));
-    for (auto& v : x) v = __float2half(nd(rng) + 0.5f); for (auto& v : w) v = __float2half(nd(rng)); for (auto& v : b) v = __float2half(nd(rng));
+    for (auto& v : x) v = __float2half(nd(rng) + offset); for (auto& v : w) v = __float2half(nd(rng)); for (auto& v : b) v = __float2half(nd(rng));
     // The proposal's launch rule: min(1024, max(32, round_up(ceil_div(cols, D), 32))),
     // D = 8 for fewer than 256 rows, else 32.
     const unsigned per = rows < 256 ? 8 : 32;
@@ -29,12 +29,15 @@ void ln(unsigned rows, unsigned cols) {
 void silu(unsigned tokens, unsigned d) {
     std::vector<__half> x(tokens * 2 * d), o(tokens * d, __float2half(NAN));
     for (auto& v : x) v = __float2half(nd(rng));
-    unsigned gx = (d + 8 * 2 * 256 - 1) / (8 * 2 * 256), gy = std::min(tokens, 3u); // a small grid y exercises the token stride
-    launch({gx, gy}, {256, 1}, 0, [&] { s::silu_mul_f16(x.data(), o.data(), tokens, d); });
+    // The proposal's launch rule: fewer than 256 tokens, one vector a thread and 128-thread
+    // blocks; otherwise UNROLL = 2 vectors and 256-thread blocks.
+    const unsigned block = tokens < 256 ? 128 : 256, per = tokens < 256 ? 1 : 2;
+    unsigned gx = (d + 8 * per * block - 1) / (8 * per * block), gy = std::min(tokens, 3u); // a small grid y exercises the token stride
+    launch({gx, gy}, {block, 1}, 0, [&] { s::silu_mul_f16(x.data(), o.data(), tokens, d); });
     size_t bad = 0;
     for (unsigned t = 0; t < tokens; ++t) for (unsigned j = 0; j < d; ++j) { double g = __half2float(x[t*2*d+j]), u = __half2float(x[t*2*d+d+j]);
         check("silu", __half2float(o[t*d+j]), g / (1 + std::exp(-g)) * u, 1e-2, 1e-3, bad); }
-    printf("silu_mul %ux%u grid %ux%u bad %zu\n", tokens, d, gx, gy, bad); fails += bad != 0;
+    printf("silu_mul %ux%u grid %ux%u block %u bad %zu\n", tokens, d, gx, gy, block, bad); fails += bad != 0;
 }
 void tr(unsigned rows, unsigned cols) {
     std::vector<float> x(rows * cols), y(rows * cols, NAN);
@@ -47,7 +50,8 @@ void tr(unsigned rows, unsigned cols) {
 int main() {
     ln(3, 4096); ln(2, 8192); ln(3, 1001); ln(2, 64); ln(2, 40000); ln(2, 8); ln(1, 33000); ln(2, 16384); ln(2, 16392);
     ln(256, 1024); ln(257, 1001); ln(256, 2056);
-    silu(5, 4096); silu(4, 1376); silu(3, 1001); silu(7, 8); silu(2, 11008);
+    ln(4, 4096, 30.0f); ln(3, 2048, -200.0f); ln(1, 4104, 8.0f);
+    silu(5, 4096); silu(4, 1376); silu(3, 1001); silu(7, 8); silu(2, 11008); silu(3, 14336); silu(256, 1032); silu(257, 1001); silu(300, 4104);
     tr(128, 128); tr(200, 72); tr(37, 101); tr(64, 4); tr(4, 260); tr(130, 3); tr(68, 264); tr(1, 1);
     printf("%d failed\n", fails); return fails;
 }

@@ -8,9 +8,10 @@
 // holds at most MAX_VECS vectors.
 // Few rows (rows < 256, latency-bound): block = clamp(round_up(cols / 8, 32), 32, 1024),
 // so a thread holds one or two vectors (FEW_VECS); x, w and b are all requested before
-// the first use (one round trip to memory), and the mean and variance come out of a
-// single block reduction of (count, mean, M2) triples merged by Chan's formula: one
-// block barrier instead of four, the same no-cancellation numerics as two passes.
+// the first use (one round trip to memory), and the mean and variance come out of one
+// pass over the registers: two sums of values shifted by the row's first element,
+// reduced together by shuffles, one barrier and shuffles again (no division, no serial
+// merge on the critical path).
 // Otherwise, a scalar three-pass path (any length).
 #include <cuda_fp16.h>
 
@@ -38,32 +39,26 @@ __device__ __forceinline__ uint4 normalize8(const uint4& xv, const uint4& wv, co
     return o;
 }
 
-// Merges the statistics (n2, mean2, M2_2) of one set into (n, mean, M2) of another
-// (Chan et al.): M2 is the sum of squared deviations from the mean.
-__device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, float n2,
-                                           float mean2, float m2_2) {
-    const float nn = n + n2;
-    if (nn == 0.0f) return;
-    const float f = n2 / nn, d = mean2 - mean;
-    mean += d * f;
-    m2 += m2_2 + d * d * n * f;
-    n = nn;
-}
-
 // Few rows: one block per row, at most FEW_VECS vectors per thread (the caller checks
-// cols % 8 == 0 and cols / 8 <= FEW_VECS * blockDim.x).
+// cols % 8 == 0 and cols / 8 <= FEW_VECS * blockDim.x). The statistics come out of one
+// pass over the registers and one block reduction of two sums of values shifted by the
+// row's first element k (every thread reads it in the same round trip as its vectors):
+// s1 = sum(x - k), s2 = sum((x - k)^2), mean = k + s1 / n, var = s2 / n - (s1 / n)^2.
+// The shift bounds the one-pass formula's cancellation by (mean - k)^2 / var instead of
+// mean^2 / var; no division on the reduction path.
 __device__ __forceinline__ void layer_norm_few(const __half* __restrict__ xr,
                                                const __half* __restrict__ w,
                                                const __half* __restrict__ b,
                                                __half* __restrict__ yr, unsigned int cols,
                                                float eps) {
-    __shared__ float3 warp_stats[32];
+    __shared__ float2 warp_sums[32];
     const unsigned int nvec = cols >> 3, tid = threadIdx.x, bs = blockDim.x;
     const uint4* x8 = reinterpret_cast<const uint4*>(xr);
     const uint4* w8 = reinterpret_cast<const uint4*>(w);
     const uint4* b8 = reinterpret_cast<const uint4*>(b);
     uint4 v[FEW_VECS], gw[FEW_VECS], gb[FEW_VECS];
-    // x, w and b all in flight before any is used.
+    // x, w, b and the shift all in flight before any is used.
+    const float k = __half2float(__ldg(xr));
 #pragma unroll
     for (int i = 0; i < FEW_VECS; ++i) {
         const unsigned int j = tid + i * bs;
@@ -72,21 +67,7 @@ __device__ __forceinline__ void layer_norm_few(const __half* __restrict__ xr,
         gw[i] = in ? __ldg(w8 + j) : make_uint4(0u, 0u, 0u, 0u);
         gb[i] = in ? __ldg(b8 + j) : make_uint4(0u, 0u, 0u, 0u);
     }
-    // The thread's own count, mean and M2, two passes over its registers.
-    float n = 0.0f, s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < FEW_VECS; ++i) {
-        if (tid + i * bs < nvec) {
-            n += 8.0f;
-            const __half2* h = reinterpret_cast<const __half2*>(&v[i]);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const float2 f = __half22float2(h[q]);
-                s += f.x + f.y;
-            }
-        }
-    }
-    float mean = n > 0.0f ? s / n : 0.0f, m2 = 0.0f;
+    float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int i = 0; i < FEW_VECS; ++i) {
         if (tid + i * bs < nvec) {
@@ -94,31 +75,34 @@ __device__ __forceinline__ void layer_norm_few(const __half* __restrict__ xr,
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const float2 f = __half22float2(h[q]);
-                const float dx = f.x - mean, dy = f.y - mean;
-                m2 += dx * dx + dy * dy;
+                const float dx = f.x - k, dy = f.y - k;
+                s1 += dx + dy;
+                s2 = fmaf(dx, dx, fmaf(dy, dy, s2));
             }
         }
     }
-    // Warp, then one barrier, then every thread merges the warps' triples in the same
-    // order, so all get the same mean and variance.
+    // Butterfly within the warp (every lane ends with the same sums), one barrier, then
+    // each warp reduces the warps' sums by the same butterfly, so every thread of the
+    // block gets the same mean and variance.
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        const float n2 = __shfl_xor_sync(0xffffffffu, n, o);
-        const float mean2 = __shfl_xor_sync(0xffffffffu, mean, o);
-        const float m2_2 = __shfl_xor_sync(0xffffffffu, m2, o);
-        chan_merge(n, mean, m2, n2, mean2, m2_2);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        s2 += __shfl_xor_sync(0xffffffffu, s2, o);
     }
-    if ((tid & 31u) == 0) warp_stats[tid >> 5] = make_float3(n, mean, m2);
+    const unsigned int lane = tid & 31u;
+    if (lane == 0) warp_sums[tid >> 5] = make_float2(s1, s2);
     __syncthreads();
-    n = 0.0f;
-    mean = 0.0f;
-    m2 = 0.0f;
-    const unsigned int warps = (bs + 31u) >> 5;
-    for (unsigned int k = 0; k < warps; ++k) {
-        const float3 t = warp_stats[k];
-        chan_merge(n, mean, m2, t.x, t.y, t.z);
+    const float2 t = lane < ((bs + 31u) >> 5) ? warp_sums[lane] : make_float2(0.0f, 0.0f);
+    s1 = t.x;
+    s2 = t.y;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        s2 += __shfl_xor_sync(0xffffffffu, s2, o);
     }
-    const float rstd = rsqrtf(m2 / (float)cols + eps);
+    const float inv_n = 1.0f / (float)cols, d = s1 * inv_n;
+    const float mean = k + d;
+    const float rstd = rsqrtf(fmaxf(fmaf(s2, inv_n, -d * d), 0.0f) + eps);
     uint4* y8 = reinterpret_cast<uint4*>(yr);
 #pragma unroll
     for (int i = 0; i < FEW_VECS; ++i) {

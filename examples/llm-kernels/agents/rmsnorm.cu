@@ -1,15 +1,17 @@
 // RMS norm, fp16 in and out, fp32 accumulation; x is read from device memory once.
 //
-// Two modes, chosen from (rows, cols) by the same test as the launch rule (warp_rows):
-// - many rows of at most 8 x 32 x WARP_CACHE halves (4096): one warp per row,
-//   blockDim.x / 32 rows per block. A lane loads its whole share of the row (up to
-//   WARP_CACHE 16-byte vectors) before using any, the sum of squares is reduced by
-//   shuffles alone, and no block barrier stops a warp: about 20 rows, 160 KB, in flight
-//   per SM with nothing waiting on another row.
-// - few rows or long rows: one block per row, every thread's share (up to CACHE vectors)
-//   and the matching weight vectors loaded before the reduction, one block barrier.
-//   For 1 to 64 rows this is one round trip to memory plus one barrier; there is no
-//   cluster (a cluster launch and its two cluster barriers cost more than they saved).
+// One block per row for every shape: every thread's share of the row (up to CACHE 16-byte
+// vectors) and the matching weight vectors are loaded before the first use, the sum of
+// squares is reduced by shuffles and one block barrier, and y is written from the
+// registers. The launch rule sizes the block by the row count:
+// - many rows (rows >= 256): cols / 32 threads (128 at 4096), four vectors a thread,
+//   the layout of the layer_norm candidate's many-row path that moves the same bytes at
+//   8192 x 4096 in 36.1 us: 128-thread blocks of 58 registers a thread (64 allocated),
+//   eight rows in flight per SM, one barrier per row (layer_norm has four), and a block
+//   leaves as soon as its row is written.
+// - few rows: cols / 8 threads (capped at 512), one or two vectors a thread: for 1 to 64
+//   rows this is one round trip to memory plus one barrier.
+// Rows longer than 8 x CACHE x blockDim.x halves are finished by a loop that re-reads x.
 // Rows whose length is not a multiple of 8 (or unaligned buffers) take a scalar path
 // with the same partition.
 #include <cuda_fp16.h>
@@ -17,14 +19,6 @@
 #ifndef CACHE
 #define CACHE 4
 #endif
-#ifndef WARP_CACHE
-#define WARP_CACHE 16
-#endif
-
-// Same test as the launch rule's grid and block expressions.
-__device__ __forceinline__ bool warp_rows(unsigned int rows, unsigned int cols) {
-    return rows >= 256u && cols <= 256u * WARP_CACHE;
-}
 
 __device__ __forceinline__ float sum_squares(const uint4& u) {
     const __half2* h = reinterpret_cast<const __half2*>(&u);
@@ -59,60 +53,11 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// One warp per row. No block barrier: a warp past the last row returns at once.
-__device__ __forceinline__ void rms_warp_row(const __half* __restrict__ x,
-                                             const __half* __restrict__ w,
-                                             __half* __restrict__ y, unsigned int rows,
-                                             unsigned int cols, float eps, bool vec) {
-    const unsigned int lane = threadIdx.x & 31u;
-    const unsigned int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    const __half* xr = x + (size_t)row * cols;
-    __half* yr = y + (size_t)row * cols;
-    if (vec) {
-        // warp_rows keeps cols <= 256 * WARP_CACHE: the cache holds the whole row.
-        const unsigned int n = cols >> 3;
-        const uint4* x8 = reinterpret_cast<const uint4*>(xr);
-        const uint4* w8 = reinterpret_cast<const uint4*>(w);
-        uint4* y8 = reinterpret_cast<uint4*>(yr);
-        uint4 cache[WARP_CACHE];
-#pragma unroll
-        for (int c = 0; c < WARP_CACHE; ++c) {
-            const unsigned int i = lane + 32u * c;
-            cache[c] = i < n ? x8[i] : make_uint4(0, 0, 0, 0);
-        }
-        float ss = 0.0f;
-#pragma unroll
-        for (int c = 0; c < WARP_CACHE; ++c) ss += sum_squares(cache[c]);
-        const float inv = rsqrtf(warp_sum(ss) / (float)cols + eps);
-        // The weight (cols x 2 bytes, shared by every row) stays in L1 across the rows.
-#pragma unroll
-        for (int c = 0; c < WARP_CACHE; ++c) {
-            const unsigned int i = lane + 32u * c;
-            if (i < n) y8[i] = scale(cache[c], w8[i], inv);
-        }
-    } else {
-        float ss = 0.0f;
-        for (unsigned int i = lane; i < cols; i += 32u) {
-            const float f = __half2float(xr[i]);
-            ss = fmaf(f, f, ss);
-        }
-        const float inv = rsqrtf(warp_sum(ss) / (float)cols + eps);
-        for (unsigned int i = lane; i < cols; i += 32u)
-            yr[i] = __float2half(__half2float(xr[i]) * inv * __half2float(w[i]));
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(512)
 rmsnorm_f16(const __half* __restrict__ x, const __half* __restrict__ w, __half* __restrict__ y,
             unsigned int rows, unsigned int cols, float eps) {
     const bool vec = (cols & 7u) == 0 &&
                      (((unsigned long long)x | (unsigned long long)w | (unsigned long long)y) & 15ull) == 0;
-    if (warp_rows(rows, cols)) {
-        rms_warp_row(x, w, y, rows, cols, eps, vec);
-        return;
-    }
-
     // One block per row (grid = rows).
     __shared__ float warp_sums[32];
     const unsigned int row = blockIdx.x;
