@@ -17,10 +17,8 @@
 // paired across keys with one byte-permute per register). The score fragment of the
 // scores mma is, after the softmax, the P fragment of the output mma (as in FlashAttention
 // 2), so the softmax needs 2 shuffles per tile and one ex2 per score: no per-key shuffles.
-// Per lane: two tile buffers of 16 loads of 16 bytes each (8 KB per warp and tile), in a
-// software pipeline: a buffer is refilled right after its tile is used, so while one tile
-// is computed the other's loads are in flight (8 to 16 KB per warp at all times, 8 warps
-// per SM). The first two tiles are requested before Q is staged.
+// Per lane and step: two tiles' 32 loads of 16 bytes issued before the first use (16 KB
+// per warp, 8 warps per SM at 236 registers).
 //
 // The 8 warps merge through shared memory. With one split the block writes the output;
 // otherwise it writes its partial (max, sum, 128 accumulators per head) to a module-scope
@@ -193,21 +191,6 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
     const unsigned int tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
     const unsigned int g = lane >> 2, t = lane & 3u;  // mma group and thread in group
 
-    const __half* kb = k + (size_t)bkv * seq_len * HEAD_DIM;
-    const __half* vb = v + (size_t)bkv * seq_len * HEAD_DIM;
-    // Software pipeline over this warp's tiles (base, base + WARPS * TILE, ...), two tile
-    // buffers: a buffer is refilled with the tile after next as soon as its tile has been
-    // used, so one tile's loads are always in flight while the other is computed (the
-    // previous candidate loaded two tiles, then computed both with nothing in flight). The
-    // first two tiles are issued before the Q staging below: K and V do not depend on it,
-    // so the block's first DRAM round trip overlaps the Q load and the barrier.
-    // Warp-uniform (every mma and shuffle has all 32 lanes): base and k1 are.
-    constexpr unsigned int STRIDE = WARPS * TILE;
-    uint4 ka[2][4], va[4][2], kn[2][4], vn[4][2];
-    const unsigned int first = k0 + warp * TILE;
-    if (first < k1) load_tile(ka, va, kb, vb, first, k1, g, t);
-    if (first + STRIDE < k1) load_tile(kn, vn, kb, vb, first + STRIDE, k1, g, t);
-
     // A fragment of Q: row g is query head h0 + g (zero past the group); k-step 2i + j
     // covers the dimensions of 16-byte chunk 4i + t (halves 4j..4j+3) in every lane. Kept
     // in shared memory (the same for every warp, read as one 16-byte word per lane and
@@ -232,14 +215,18 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
 #pragma unroll
     for (int d = 0; d < 16; ++d) o[d][0] = o[d][1] = 0.0f;
 
-    for (unsigned int base = first; base < k1; base += 2 * STRIDE) {
+    const __half* kb = k + (size_t)bkv * seq_len * HEAD_DIM;
+    const __half* vb = v + (size_t)bkv * seq_len * HEAD_DIM;
+    // Warp-uniform loop (every mma and shuffle has all 32 lanes). Two tiles' 32 loads
+    // (16 KB per warp) are issued before the first is used; the second tile's loads stay
+    // in flight while the first is computed.
+    uint4 ka[2][4], va[4][2], kn[2][4], vn[4][2];
+    for (unsigned int base = k0 + warp * TILE; base < k1; base += 2 * WARPS * TILE) {
+        const unsigned int b1 = base + WARPS * TILE;
+        load_tile(ka, va, kb, vb, base, k1, g, t);
+        if (b1 < k1) load_tile(kn, vn, kb, vb, b1, k1, g, t);
         tile_step(ka, va, sm_q, base, k1, lane, t, m, l, o);
-        if (base + 2 * STRIDE < k1) load_tile(ka, va, kb, vb, base + 2 * STRIDE, k1, g, t);
-        if (base + STRIDE < k1) {
-            tile_step(kn, vn, sm_q, base + STRIDE, k1, lane, t, m, l, o);
-            if (base + 3 * STRIDE < k1)
-                load_tile(kn, vn, kb, vb, base + 3 * STRIDE, k1, g, t);
-        }
+        if (b1 < k1) tile_step(kn, vn, sm_q, b1, k1, lane, t, m, l, o);
     }
 
     // Merge the 8 warps. The 4 lanes of a group hold row g's max and parts of its sum.

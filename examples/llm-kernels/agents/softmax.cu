@@ -10,8 +10,7 @@
 // - short rows (warp_rows: cols <= 2048): one warp per row, blockDim.x / 32 rows per
 //   block, the row in registers (WARP_CACHE float4 per lane: 1024 floats per warp), the
 //   statistics reduced by shuffles alone: no block barrier, so a warp that finishes its
-//   row leaves at once and the SM keeps every other warp's loads in flight; its float4
-//   stores are streaming (__stcs: st.global.cs), as y is never read again;
+//   row leaves at once and the SM keeps every other warp's loads in flight;
 // - otherwise one block per row (block-wide reduction through shared memory).
 // Outside split mode the grid is rounded up to whole clusters; the extra blocks (and the
 // extra warps of the last block) return at once and no cluster barrier is used.
@@ -158,10 +157,8 @@ __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
     for (int i = 0; i < WARP_CACHE; ++i) {
         const unsigned int v = lane + 32u * i;
         if (v < nv)
-            // Streaming store (st.global.cs): y is never read again, so its lines are the
-            // first L2 evicts.
-            __stcs(yv + v, make_float4(__expf(cache[i].x - m) * inv, __expf(cache[i].y - m) * inv,
-                                       __expf(cache[i].z - m) * inv, __expf(cache[i].w - m) * inv));
+            yv[v] = make_float4(__expf(cache[i].x - m) * inv, __expf(cache[i].y - m) * inv,
+                                __expf(cache[i].z - m) * inv, __expf(cache[i].w - m) * inv);
     }
     if (lane < head) yr[lane] = __expf(xr[lane] - m) * inv;
     if (tail0 + lane < cols) yr[tail0 + lane] = __expf(xr[tail0 + lane] - m) * inv;
