@@ -58,12 +58,27 @@ done
 g++ $flags gemm_test.cpp -o gemm_test
 g++ $flags -DWIDE_MIN_TILES=1 gemm_test.cpp -o gemm_test_wide
 g++ $flags norms_test.cpp -o norms_test
+# The softmax and silu_mul proposals differ only in geometry defines: each runs.
+for geometry in "-DWARPS=4" "-DWARPS=2"; do
+    g++ $flags $geometry norms_test.cpp -o "norms_test$geometry"
+done
+for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64"; do
+    g++ $flags $geometry mem_test.cpp -o "mem_test${geometry// /}"
+done
 ./mem_test
 for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3"; do
     echo "transpose $order:"
     "./mem_test$order" | grep transpose
 done
 ./norms_test
+for geometry in "-DWARPS=4" "-DWARPS=2"; do
+    echo "softmax $geometry:"
+    "./norms_test$geometry" | grep -E "softmax|failed"
+done
+for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64"; do
+    echo "silu_mul $geometry:"
+    "./mem_test${geometry// /}" | grep -E "silu|failed"
+done
 fails=0
 for s in "128 128 64" "130 136 40" "256 384 256" "33 17 19" "100 8 8" "200 64 1032" "257 520 200"; do
     ./gemm_test $s || fails=$((fails + 1))

@@ -29,9 +29,9 @@ void ln(unsigned rows, unsigned cols, float offset = 0.5f) {
 void silu(unsigned tokens, unsigned d) {
     std::vector<__half> x(tokens * 2 * d), o(tokens * d, __float2half(NAN));
     for (auto& v : x) v = __float2half(nd(rng));
-    // The proposal's launch rule: fewer than 256 tokens, one vector a thread and 128-thread
-    // blocks; otherwise UNROLL = 2 vectors and 256-thread blocks.
-    const unsigned block = tokens < 256 ? 128 : 256, per = tokens < 256 ? 1 : 2;
+    // The proposal's launch rule: fewer than 256 tokens, SMALL_U vectors a thread and
+    // SMALL_THREADS-thread blocks; otherwise UNROLL = 2 vectors and 256-thread blocks.
+    const unsigned block = tokens < 256 ? SMALL_THREADS : 256, per = tokens < 256 ? SMALL_U : 2;
     unsigned gx = (d + 8 * per * block - 1) / (8 * per * block), gy = std::min(tokens, 3u); // a small grid y exercises the token stride
     launch({gx, gy}, {block, 1}, 0, [&] { s::silu_mul_f16(x.data(), o.data(), tokens, d); });
     size_t bad = 0;

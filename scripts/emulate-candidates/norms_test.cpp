@@ -22,7 +22,7 @@ static void softmax(unsigned rows, unsigned cols) {
     // The proposal's launch rule, outside the cluster mode (rows < 256 && cols >= 1024).
     if (rows < 256 && cols >= 1024) abort();
     unsigned grid, block;
-    if (cols <= 1024) { grid = round_up(ceil_div(rows, 8), 8); block = 256; }
+    if (cols <= 1024) { grid = round_up(ceil_div(rows, WARPS), 8); block = WARPS * 32; }
     else { grid = round_up(rows, 8); block = std::min(1024u, std::max(64u, round_up(ceil_div(cols, 32), 32))); }
     std::vector<float> x(rows * cols), y(rows * cols, NAN);
     for (auto& v : x) v = 3 * nd(rng);

@@ -26,6 +26,10 @@ const MORE_CANDIDATES: &[(&str, &[&str])] = &[
     ("gemm", &["gemm_wgmma.cu"]),
     // The same kernel with other block orders (`ORDER`), for the loop to measure.
     ("transpose", &["transpose.cu", "transpose.cu"]),
+    // The same kernel with other few-token geometries (`SMALL_U`, `SMALL_THREADS`).
+    ("silu_mul", &["silu_mul.cu", "silu_mul.cu"]),
+    // The same kernel with other rows per block in the warp-per-row mode (`WARPS`).
+    ("softmax", &["softmax.cu", "softmax.cu"]),
 ];
 
 /// The reviewable source file of each proposal of `kernel`'s proposal file, in order.

@@ -6,17 +6,51 @@
 // Otherwise, scalar accesses over the same span (any d).
 // U depends on the shape, by the same test as the launch rule (few_tokens): many tokens,
 // U = UNROLL with 256-thread blocks (the bandwidth-bound shapes); fewer than 256 tokens,
-// U = 1 with 128-thread blocks, so the few megabytes are spread over four times as many
-// small blocks (896 at 64 x 14336): every SM gets an even share and more warps issue
-// the loads at once, the launch-bound shape's tail is one 2 KB block, not an 8 KB one.
+// U = SMALL_U with SMALL_THREADS-thread blocks (1 and 128 by default: 896 blocks at
+// 64 x 14336, every SM an even share, the tail one 2 KB block).
+// silu(g) = g * rcp(1 + 2^(-g log2 e)) with the approximate MUFU ex2 and rcp (as
+// torch.compile's Triton kernel does with its approximate division), not the IEEE
+// division, which costs a dozen instructions and a slow-path branch per element: at the
+// few-token shape the whole op is one wave of loads, and the per-element instructions
+// between the loads' arrival and the stores are the part of its time the kernel controls.
+// Both are far more accurate than the fp16 output (relative error about 2^-22).
 #include <cuda_fp16.h>
 
 #ifndef UNROLL
 #define UNROLL 2
 #endif
+#ifndef SMALL_U
+#define SMALL_U 1
+#endif
+#ifndef SMALL_THREADS
+#define SMALL_THREADS 128
+#endif
 
+// 2^x and 1/x by the MUFU approximations (ex2.approx.ftz, rcp.approx.ftz); plain C++ where
+// the file is not compiled for a GPU (the CPU emulation of scripts/emulate-candidates.sh).
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    return exp2f(x);
+#endif
+}
+__device__ __forceinline__ float fast_rcp(float x) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    return 1.0f / x;
+#endif
+}
+
+// For g below about -88, 2^(-g log2 e) is +inf and its reciprocal 0: the result is a
+// signed zero, as silu(g) * u rounds to in fp16 there.
 __device__ __forceinline__ float silu_mul1(float g, float u) {
-    return g / (1.0f + __expf(-g)) * u;
+    return g * fast_rcp(1.0f + fast_exp2(g * -1.4426950408889634f)) * u;
 }
 
 __device__ __forceinline__ void store_cs(uint4* p, uint4 v) {
@@ -83,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(256)
 silu_mul_f16(const __half* __restrict__ x, __half* __restrict__ out, unsigned int tokens,
              unsigned int d) {
     if (few_tokens(tokens)) {
-        silu_mul_span<1>(x, out, tokens, d);
+        silu_mul_span<SMALL_U>(x, out, tokens, d);
     } else {
         silu_mul_span<UNROLL>(x, out, tokens, d);
     }

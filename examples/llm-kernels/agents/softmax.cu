@@ -7,10 +7,13 @@
 //   row, each taking a slice; the blocks exchange their (max, sum of exp) through
 //   distributed shared memory (mapa + ld.shared::cluster, barrier.cluster), so 16 rows
 //   fill 128 SMs;
-// - short rows (warp_rows: cols <= 2048): one warp per row, blockDim.x / 32 rows per
-//   block, the row in registers (WARP_CACHE float4 per lane: 1024 floats per warp), the
-//   statistics reduced by shuffles alone: no block barrier, so a warp that finishes its
-//   row leaves at once and the SM keeps every other warp's loads in flight;
+// - short rows (warp_rows: cols <= 128 x WARP_CACHE): one warp per row, WARPS rows per
+//   block (blockDim.x / 32), the row in registers (WARP_CACHE float4 per lane: 1024
+//   floats per warp), reduced by shuffles alone: no block barrier, so a warp that
+//   finishes its row leaves at once and the SM keeps every other warp's loads in flight.
+//   The row is held, so the statistics need no running (max, sum) merges: one max
+//   butterfly, then each element's 2^(x log2 e - max log2 e) (one FFMA and one MUFU ex2)
+//   is computed once, kept in place of x, summed, and scaled by 1 / sum when written;
 // - otherwise one block per row (block-wide reduction through shared memory).
 // Outside split mode the grid is rounded up to whole clusters; the extra blocks (and the
 // extra warps of the last block) return at once and no cluster barrier is used.
@@ -24,6 +27,24 @@
 #ifndef WARP_CACHE
 #define WARP_CACHE 8
 #endif
+// Rows (warps) per block in the warp-per-row mode; the launch rule's block is WARPS * 32.
+#ifndef WARPS
+#define WARPS 8
+#endif
+#define LOG2E 1.4426950408889634f
+
+// 2^x by the MUFU approximation (ex2.approx.ftz, as __expf uses after its multiply by
+// log2 e); plain C++ where the file is not compiled for a GPU (the CPU emulation of
+// scripts/emulate-candidates.sh).
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    return exp2f(x);
+#endif
+}
 
 // Same test as the launch rule's grid and block expressions.
 __device__ __forceinline__ bool split_rows(unsigned int rows, unsigned int cols) {
@@ -137,31 +158,56 @@ __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
     const float4* xv = reinterpret_cast<const float4*>(xr + head);
     float4* yv = reinterpret_cast<float4*>(yr + head);
 
-    // All the cached loads are issued before any is used: WARP_CACHE x 16 bytes per lane.
+    // All the loads are issued before any is used: WARP_CACHE x 16 bytes per lane, and
+    // the scalar head and tail. warp_rows keeps cols <= 128 * WARP_CACHE, so
+    // nv <= 32 * WARP_CACHE: the cache holds the whole body, and the head and tail are at
+    // most 3 floats each. Padding holds -inf, whose 2^(-inf) is 0.
     float4 cache[WARP_CACHE];
 #pragma unroll
     for (int i = 0; i < WARP_CACHE; ++i) {
         const unsigned int v = lane + 32u * i;
         cache[i] = v < nv ? xv[v] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
     }
-    float m, s;
-    cached_stats<WARP_CACHE>(cache, m, s);
-    // warp_rows keeps cols <= 128 * WARP_CACHE, so nv <= 32 * WARP_CACHE: the cache holds
-    // the whole body, and the head and tail are at most 3 floats each.
     const unsigned int tail0 = head + 4 * nv;
-    if (lane < head) add(m, s, xr[lane]);
-    if (tail0 + lane < cols) add(m, s, xr[tail0 + lane]);
-    warp_merge(m, s);
+    const bool has_head = lane < head, has_tail = tail0 + lane < cols;
+    float hv = has_head ? xr[lane] : NEG_INF;
+    float tv = has_tail ? xr[tail0 + lane] : NEG_INF;
+
+    // Row max: per lane, then one butterfly (every lane ends with it).
+    float m = fmaxf(hv, tv);
+#pragma unroll
+    for (int i = 0; i < WARP_CACHE; ++i)
+        m = fmaxf(m, fmaxf(fmaxf(cache[i].x, cache[i].y), fmaxf(cache[i].z, cache[i].w)));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+
+    // exp(x - m) = 2^(x log2 e - m log2 e): one FFMA and one ex2 per element, kept in the
+    // cache. The rounding of m log2 e is common to the whole row and cancels in x / sum.
+    const float ml = m * LOG2E;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < WARP_CACHE; ++i) {
+        cache[i].x = fast_exp2(fmaf(cache[i].x, LOG2E, -ml));
+        cache[i].y = fast_exp2(fmaf(cache[i].y, LOG2E, -ml));
+        cache[i].z = fast_exp2(fmaf(cache[i].z, LOG2E, -ml));
+        cache[i].w = fast_exp2(fmaf(cache[i].w, LOG2E, -ml));
+        s += (cache[i].x + cache[i].y) + (cache[i].z + cache[i].w);
+    }
+    hv = fast_exp2(fmaf(hv, LOG2E, -ml));
+    tv = fast_exp2(fmaf(tv, LOG2E, -ml));
+    s += hv + tv;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     const float inv = 1.0f / s;
 #pragma unroll
     for (int i = 0; i < WARP_CACHE; ++i) {
         const unsigned int v = lane + 32u * i;
         if (v < nv)
-            yv[v] = make_float4(__expf(cache[i].x - m) * inv, __expf(cache[i].y - m) * inv,
-                                __expf(cache[i].z - m) * inv, __expf(cache[i].w - m) * inv);
+            yv[v] = make_float4(cache[i].x * inv, cache[i].y * inv, cache[i].z * inv,
+                                cache[i].w * inv);
     }
-    if (lane < head) yr[lane] = __expf(xr[lane] - m) * inv;
-    if (tail0 + lane < cols) yr[tail0 + lane] = __expf(xr[tail0 + lane] - m) * inv;
+    if (has_head) yr[lane] = hv * inv;
+    if (has_tail) yr[tail0 + lane] = tv * inv;
 }
 
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(1024)
