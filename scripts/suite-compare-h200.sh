@@ -22,7 +22,7 @@ W="$(mktemp -d)"
 run() { # run NAME STEPS KERNELS
     echo "=== $1: $2 on $3"
     OUT="$W/$1" STEPS="$2" KERNELS="$3" bash scripts/suite-h200.sh >"$W/$1.log" 2>&1
-    grep -E '^   [a-z-]+: exit' "$W/$1.log" || true
+    grep -E '^   [a-z_-]+: exit' "$W/$1.log" || true
 }
 run optimize optimize "$NEW"
 grep -A20 '^kernel  rounds' "$W/optimize.log" | head -n 20

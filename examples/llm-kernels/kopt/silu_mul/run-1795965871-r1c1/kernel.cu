@@ -1,0 +1,124 @@
+// Fused SwiGLU, fp16: out[t, j] = silu(x[t, j]) * x[t, d + j], silu in fp32. A 2-D grid:
+// blockIdx.y walks the tokens (grid-stride past 65535), blockIdx.x a span of
+// 8 x U x blockDim.x columns of one token, so no division is needed per element.
+// When d % 8 == 0, each thread moves U vectors of 8 halves: all 2 x U 16-byte loads
+// (gate and up) are issued before the first use, then 16-byte streaming stores.
+// Otherwise, scalar accesses over the same span (any d).
+// U depends on the shape, by the same test as the launch rule (few_tokens): many tokens,
+// U = UNROLL with 256-thread blocks (the bandwidth-bound shapes); fewer than 256 tokens,
+// U = SMALL_U with SMALL_THREADS-thread blocks (1 and 128 by default: 896 blocks at
+// 64 x 14336, every SM an even share, the tail one 2 KB block).
+// silu(g) = g * rcp(1 + 2^(-g log2 e)) with the approximate MUFU ex2 and rcp (as
+// torch.compile's Triton kernel does with its approximate division), not the IEEE
+// division, which costs a dozen instructions and a slow-path branch per element: at the
+// few-token shape the whole op is one wave of loads, and the per-element instructions
+// between the loads' arrival and the stores are the part of its time the kernel controls.
+// Both are far more accurate than the fp16 output (relative error about 2^-22).
+#include <cuda_fp16.h>
+
+#ifndef UNROLL
+#define UNROLL 2
+#endif
+#ifndef SMALL_U
+#define SMALL_U 1
+#endif
+#ifndef SMALL_THREADS
+#define SMALL_THREADS 128
+#endif
+
+// 2^x and 1/x by the MUFU approximations (ex2.approx.ftz, rcp.approx.ftz); plain C++ where
+// the file is not compiled for a GPU (the CPU emulation of scripts/emulate-candidates.sh).
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    return exp2f(x);
+#endif
+}
+__device__ __forceinline__ float fast_rcp(float x) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+#else
+    return 1.0f / x;
+#endif
+}
+
+// For g below about -88, 2^(-g log2 e) is +inf and its reciprocal 0: the result is a
+// signed zero, as silu(g) * u rounds to in fp16 there.
+__device__ __forceinline__ float silu_mul1(float g, float u) {
+    return g * fast_rcp(1.0f + fast_exp2(g * -1.4426950408889634f)) * u;
+}
+
+__device__ __forceinline__ void store_cs(uint4* p, uint4 v) {
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+                 "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// Same test as the launch rule's grid and block expressions.
+__device__ __forceinline__ bool few_tokens(unsigned int tokens) { return tokens < 256u; }
+
+template <int U>
+__device__ __forceinline__ void silu_mul_span(const __half* __restrict__ x,
+                                              __half* __restrict__ out, unsigned int tokens,
+                                              unsigned int d) {
+    const unsigned int span = 8u * U * blockDim.x;
+    const unsigned int col0 = blockIdx.x * span;
+    if ((d & 7u) == 0) {
+        const unsigned int nvec = d >> 3;
+        const unsigned int v0 = col0 >> 3;
+        for (unsigned int t = blockIdx.y; t < tokens; t += gridDim.y) {
+            const uint4* g8 = reinterpret_cast<const uint4*>(x + (size_t)t * 2 * d);
+            const uint4* u8 = g8 + nvec;
+            uint4* o8 = reinterpret_cast<uint4*>(out + (size_t)t * d);
+            uint4 g[U], u[U];
+#pragma unroll
+            for (int i = 0; i < U; ++i) {
+                const unsigned int j = v0 + threadIdx.x + i * blockDim.x;
+                if (j < nvec) {
+                    g[i] = __ldg(g8 + j);
+                    u[i] = __ldg(u8 + j);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < U; ++i) {
+                const unsigned int j = v0 + threadIdx.x + i * blockDim.x;
+                if (j < nvec) {
+                    const __half2* hg = reinterpret_cast<const __half2*>(&g[i]);
+                    const __half2* hu = reinterpret_cast<const __half2*>(&u[i]);
+                    uint4 o;
+                    __half2* ho = reinterpret_cast<__half2*>(&o);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const float2 fg = __half22float2(hg[q]);
+                        const float2 fu = __half22float2(hu[q]);
+                        ho[q] = __floats2half2_rn(silu_mul1(fg.x, fu.x), silu_mul1(fg.y, fu.y));
+                    }
+                    store_cs(o8 + j, o);
+                }
+            }
+        }
+    } else {
+        const unsigned int end = min(d, col0 + span);
+        for (unsigned int t = blockIdx.y; t < tokens; t += gridDim.y) {
+            const __half* xg = x + (size_t)t * 2 * d;
+            __half* o = out + (size_t)t * d;
+            for (unsigned int j = col0 + threadIdx.x; j < end; j += blockDim.x)
+                o[j] = __float2half(silu_mul1(__half2float(xg[j]), __half2float(xg[d + j])));
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+silu_mul_f16(const __half* __restrict__ x, __half* __restrict__ out, unsigned int tokens,
+             unsigned int d) {
+    if (few_tokens(tokens)) {
+        silu_mul_span<SMALL_U>(x, out, tokens, d);
+    } else {
+        silu_mul_span<UNROLL>(x, out, tokens, d);
+    }
+}
