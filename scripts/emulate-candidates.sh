@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # No GPU needed: runs the hand-written candidates of examples/llm-kernels/agents/
-# (layer_norm, rmsnorm, softmax without its cluster mode, transpose, silu_mul, gemm, gqa_decode
-# and gqa_decode_balanced) in a CPU emulation of their blocks (one thread
+# (layer_norm, rmsnorm, softmax without its cluster mode, transpose, silu_mul, gemm, gqa_decode) in a CPU emulation of their blocks (one thread
 # per CUDA thread; __syncthreads, warp shuffles, ldmatrix, mma.sync m16n8k16 and
 # deferred cp.async groups emulated in scripts/emulate-candidates/*.h) and compares them
 # with f64 references on small and edge shapes. Needs g++ (C++20) and python3.
@@ -28,7 +27,6 @@ def conv(name, out, gemm=False, gqa=False):
         s = s.replace('return *reinterpret_cast<const unsigned int*>(&h);', 'unsigned int r; memcpy(&r, &h, 4); return r;')
     open(f"{work}/{out}", "w").write(s)
 conv('gqa_decode.cu', 'gqa.cpp', gqa=True)
-conv('gqa_decode_balanced.cu', 'gqa_balanced.cpp', gqa=True)
 conv('layer_norm.cu', 'ln.cpp')
 conv('silu_mul.cu', 'silu.cpp')
 conv('transpose.cu', 'tr.cpp')
@@ -99,20 +97,4 @@ for s in "1 32 8 1 132" "1 32 8 17 132" "2 32 8 1000 132" "1 32 8 4099 132" "3 1
     ./gqa_test $s || fails=$((fails + 1))
 done
 echo "gqa_decode: $fails failed"
-[ "$fails" -eq 0 ]
-# gqa_decode_balanced (stream-K): batch q_heads kv_heads seq_len WAVE_BLOCKS [blocks], each
-# run with the blocks in order, reversed and shuffled. Block ranges that cross work items
-# (B1 with 1 to 7 tiles per item, odd seq_len, block counts not dividing the tiles: 10, 7,
-# 5, 119), items whole in one block (direct) next to split ones (B20 S64, B40 S16), one
-# block (B2 ... 1), up to 132 pieces per item (B1 Hq8 Hkv1, B1 Hq2 Hkv1), groups of 1 to
-# 16, and the suite's B8 S1024 and B8 S4096 (about 1 and 4 minutes on 2 cores).
-g++ $flags -DBALANCED gqa_test.cpp -o gqa_test_balanced
-for s in "1 32 8 1 132" "1 32 8 17 132" "1 32 8 40 132" "1 32 8 100 132 10" "2 32 8 1000 132" \
-         "1 32 8 3000 132" "3 16 8 333 132" "1 64 4 300 132" "2 33 3 77 132" "1 8 8 129 132" \
-         "2 24 8 200 132" "20 32 8 64 132" "40 32 8 16 132" "2 32 8 513 1" "1 32 8 4100 7" \
-         "1 16 16 31 132 5" "1 32 8 4099 132" "1 8 1 2000 132" "1 2 1 3000 132" \
-         "5 32 8 47 132 119" "8 32 8 1024 132" "8 32 8 4096 132"; do
-    ./gqa_test_balanced $s || fails=$((fails + 1))
-done
-echo "gqa_decode_balanced: $fails failed"
 [ "$fails" -eq 0 ]

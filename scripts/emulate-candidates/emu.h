@@ -64,16 +64,12 @@ inline void do_copies(std::vector<Copy>& g) {
         memset(g_dyn_smem + c.dst, 0, 16); memcpy(g_dyn_smem + c.dst, c.src, c.n); }
 }
 
-// When set (grid.y == 1), the order in which launch runs the blocks of grid.x: a kernel
-// whose blocks hand work to the last one to finish is checked with other orders too.
-std::vector<unsigned> g_block_order;
 template <class F> void launch(dim3 grid, dim3 block, size_t dyn, F kernel) {
     gridDim = grid; blockDim = block;
     std::vector<unsigned char> smem(dyn + 16);
     // poison the shared memory
     unsigned nthreads = block.x * block.y * block.z;
-    for (unsigned by = 0; by < grid.y; ++by) for (unsigned bi = 0; bi < grid.x; ++bi) {
-        const unsigned bx = g_block_order.empty() ? bi : g_block_order.at(bi);
+    for (unsigned by = 0; by < grid.y; ++by) for (unsigned bx = 0; bx < grid.x; ++bx) {
         memset(smem.data(), 0x7f, smem.size());
         g_dyn_smem = smem.data(); g_dyn_bytes = dyn;
         std::barrier<> bar(nthreads); g_block_bar = &bar;

@@ -1,14 +1,7 @@
 // Emulated runs of the gqa_decode candidate against an f64 reference:
 // gqa_test batch q_heads kv_heads seq_len wave_blocks (the launch rule's WAVE_BLOCKS)
 // [splits: overrides the rule's grid.x, e.g. to leave trailing splits empty].
-// Built with -DBALANCED: the stream-K candidate (gqa_decode_balanced.cu), whose grid is
-// (blocks, 1); the optional last argument then overrides the block count, and the blocks
-// run in three orders (the merging block is then the last, the first, or any).
-#ifdef BALANCED
-#include "gqa_balanced.cpp"
-#else
 #include "gqa.cpp"
-#endif
 #include <random>
 int main(int argc, char** argv) {
     unsigned batch = atoi(argv[1]), qh = atoi(argv[2]), kvh = atoi(argv[3]), seq = atoi(argv[4]);
@@ -20,25 +13,12 @@ int main(int argc, char** argv) {
     // The proposal's launch rule.
     auto cdiv = [](unsigned a, unsigned b) { return (a + b - 1) / b; };
     unsigned items = batch * kvh * cdiv(qh / kvh, 8);
-#ifdef BALANCED
-    unsigned splits = (unsigned)std::min<unsigned long long>(wave, (unsigned long long)items * cdiv(seq, 16));
-    if (argc > 6) splits = atoi(argv[6]);
-    const unsigned grid_y = 1, reps = 3;
-#else
     unsigned s0 = std::max(1u, wave / items), per = cdiv(cdiv(seq, s0), 16) * 16, splits = cdiv(seq, per);
     if (argc > 6) splits = atoi(argv[6]);
-    const unsigned grid_y = items, reps = 2;
-#endif
     int fails = 0;
-    for (unsigned rep = 0; rep < reps; ++rep) {  // repeated: the arrival counters must be reset
-#ifdef BALANCED
-        g_block_order.resize(splits);
-        for (unsigned i = 0; i < splits; ++i) g_block_order[i] = i;
-        if (rep == 1) std::reverse(g_block_order.begin(), g_block_order.end());
-        if (rep == 2) std::shuffle(g_block_order.begin(), g_block_order.end(), rng);
-#endif
+    for (int rep = 0; rep < 2; ++rep) {  // twice: the arrival counters must be reset
         for (auto& x : o) x = __float2half(NAN);
-        launch({splits, grid_y}, {256, 1}, 0, [&] {
+        launch({splits, items}, {256, 1}, 0, [&] {
             gqa_decode_f16(q.data(), k.data(), v.data(), o.data(), batch, qh, kvh, seq);
         });
         size_t bad = 0; double maxerr = 0;
@@ -55,7 +35,7 @@ int main(int argc, char** argv) {
                 if (!(err <= 1e-2 + 1e-2 * std::fabs(a))) { if (bad < 3) printf("  bad b%u h%u d%d got %f want %f\n", b, h, e, got, a); ++bad; }
                 if (!(err <= maxerr)) maxerr = err; }
         }
-        printf("gqa_decode B%u Hq%u Hkv%u S%u grid %ux%u run %u: max abs err %.2e bad %zu\n", batch, qh, kvh, seq, splits, grid_y, rep, maxerr, bad);
+        printf("gqa_decode B%u Hq%u Hkv%u S%u grid %ux%u run %d: max abs err %.2e bad %zu\n", batch, qh, kvh, seq, splits, items, rep, maxerr, bad);
         fails += bad != 0;
     }
     return fails;
