@@ -31,24 +31,23 @@ pub fn cuda_include_dirs() -> Vec<String> {
     out
 }
 
+/// Whether `option` chooses the target architecture (`--gpu-architecture=...`, `-arch=...`).
+fn is_arch_option(option: &str) -> bool {
+    option.starts_with("--gpu-architecture") || option.starts_with("-arch")
+}
+
 /// Whether the options already choose a target architecture.
 fn names_arch(options: &[&str]) -> bool {
-    options
-        .iter()
-        .any(|o| o.starts_with("--gpu-architecture") || o.starts_with("-arch"))
+    options.iter().any(|o| is_arch_option(o))
 }
 
 /// The real architecture that options such as `--gpu-architecture=compute_90a` choose
 /// (`sm_90a`), where they choose one: a variant that needs arch-specific instructions
 /// (wgmma) names it, and tools that report what they compiled say so.
 pub fn options_arch(options: &[&str]) -> Option<String> {
-    options.iter().find_map(|o| {
-        let value = o
-            .strip_prefix("--gpu-architecture=")
-            .or_else(|| o.strip_prefix("-arch="))
-            .or_else(|| o.strip_prefix("--gpu-architecture "))?;
-        Some(value.trim().replace("compute_", "sm_"))
-    })
+    let option = options.iter().find(|o| is_arch_option(o))?;
+    let (_, value) = option.split_once(['=', ' '])?;
+    Some(value.trim().replace("compute_", "sm_"))
 }
 
 /// Compiles `source` to PTX for compute capability `cc`. The error carries NVRTC's full
