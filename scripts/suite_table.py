@@ -3,7 +3,9 @@
 `cargo kopt bench --message-format json`), PyTorch eager and torch.compile (from
 scripts/torch_compare.py, same session), the ratio of the faster PyTorch time over the
 variant's (above 1: kopt is faster) and the share of the roofline (copy bandwidth for
-memory-bound kernels, cuBLAS and the f16 matrix peak for the GEMM).
+memory-bound kernels, cuBLAS and the f16 matrix peak for the GEMM). Where the bench file
+has them, memory-bound rows also give the share of a one-launch copy of the same bytes
+timed the same way (`% same-size copy`), the roof a small, launch-bound shape can reach.
 
     python3 scripts/suite_table.py --bench bench-after.json --torch torch_compare.json \
         [--before bench-before.json] > TABLE.md
@@ -70,7 +72,7 @@ def main():
              "best PyTorch / variant", "roofline"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 3) + ["---"]) + "|")
-    mem_pct, large_pct, slower, gemm = [], [], [], []
+    mem_pct, large_pct, same_pct, slower, gemm = [], [], [], [], []
     for r in bench["rows"]:
         if r.get("problem"):
             print(f"| {r['kernel']} | {r['shape']} | {r['problem']} |", file=sys.stderr)
@@ -89,6 +91,10 @@ def main():
             pct = r["copy_bandwidth_pct"]
             roof = f"{pct:.1f}% of copy bw"
             mem_pct.append(pct)
+            same = r.get("same_size_copy_pct")
+            if same is not None:
+                roof += f"; {same:.1f}% of a same-size copy"
+                same_pct.append(same)
             if nbytes and nbytes >= LARGE_BYTES:
                 large_pct.append(pct)
             if ratio is not None and ratio < 1:
@@ -110,6 +116,9 @@ def main():
           f"{geomean(mem_pct):.1f}%")
     print(f"geomean over the {len(large_pct)} memory-bound shapes that move at least "
           f"{LARGE_BYTES >> 20} MB: {geomean(large_pct):.1f}%")
+    if same_pct:
+        print(f"geomean share of a same-size one-launch copy over {len(same_pct)} memory-bound "
+              f"shapes: {geomean(same_pct):.1f}% ({bench.get('same_size_copy', '')})")
     print(f"GEMM share of cuBLAS: {', '.join(f'{x:.0f}%' for x in gemm)}")
     print(f"memory-bound shapes slower than the best PyTorch: {len(slower)} {slower}")
 

@@ -278,16 +278,18 @@ pub fn version(u: &UsableVariant) -> KernelVersion {
 }
 
 /// One row of `cargo kopt bench` (the report reads the same type).
-pub use kopt_report::BenchRow;
+pub use kopt_report::{BenchFile, BenchRow};
 
 /// Times the reference and the active version of each declared shape.
+/// Times the active version of each kernel and shape against the reference, then a
+/// one-launch copy of each shape's bytes (see [`BenchRow::same_size_copy_pct`]).
 pub fn bench(
     g: &Gathered,
     kernels: &[String],
     engine: &mut Engine,
     settings: &Settings,
     progress: &mut dyn FnMut(&str),
-) -> Result<(DeviceInfo, Option<Ceilings>, Vec<BenchRow>), WorkerFailure> {
+) -> Result<BenchFile, WorkerFailure> {
     let device = engine.device()?;
     let ceilings = engine.ceilings(false).ok();
     let judge = Judge::new(ceilings.clone());
@@ -325,6 +327,10 @@ pub fn bench(
             let ev = engine.evaluate(&j, progress);
             let verdict = judge.judge(&ev.report);
             let problem = (!verdict.accepted).then(|| verdict.summary());
+            let bytes_of = |label: &str| {
+                let r = ev.report.as_ref().ok()?;
+                r.shapes.iter().find(|s| s.label == label).map(|s| s.bytes)
+            };
             for f in &verdict.shapes {
                 rows.push(BenchRow {
                     package: k.package.clone(),
@@ -341,6 +347,9 @@ pub fn bench(
                     method: f.method.clone(),
                     cached: ev.cached,
                     problem: problem.clone(),
+                    bytes: bytes_of(&f.shape),
+                    same_size_copy_us: None,
+                    same_size_copy_pct: None,
                 });
             }
             if verdict.shapes.is_empty() {
@@ -359,11 +368,47 @@ pub fn bench(
                     method: None,
                     cached: ev.cached,
                     problem: Some(verdict.summary()),
+                    bytes: None,
+                    same_size_copy_us: None,
+                    same_size_copy_pct: None,
                 });
             }
         }
     }
-    Ok((device, ceilings, rows))
+    let mut sizes: Vec<u64> = rows.iter().filter_map(|r| r.bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let same_size_copy = if sizes.is_empty() {
+        None
+    } else {
+        progress("same-size copies");
+        Some(match engine.copy_times(&sizes, progress) {
+            Ok(copies) => {
+                for r in &mut rows {
+                    let copy = copies.iter().find(|c| Some(c.bytes) == r.bytes);
+                    r.same_size_copy_us = copy.map(|c| c.timing.median_us);
+                    r.same_size_copy_pct = match (r.same_size_copy_us, r.active_us) {
+                        (Some(c), Some(a)) if a > 0.0 => Some(100.0 * c / a),
+                        _ => None,
+                    };
+                }
+                format!(
+                    "a vectorised one-launch copy of each shape's ideal bytes (half read, half written), {}",
+                    copies
+                        .first()
+                        .map(|c| c.timing.method.as_str())
+                        .unwrap_or_default()
+                )
+            }
+            Err(e) => format!("not measured: {e}"),
+        })
+    };
+    Ok(BenchFile {
+        device,
+        ceilings,
+        rows,
+        same_size_copy,
+    })
 }
 
 /// The version to evaluate or profile: the reference, or the committed variant `variant`

@@ -690,21 +690,16 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let mut engine = eval::engine(&gathered, &settings)?;
             engine.worker.step_timeout = std::time::Duration::from_secs(args.step_timeout);
             let bar = progress_bar(json);
-            let (device, ceilings, rows) =
-                eval::bench(&gathered, &kernels, &mut engine, &settings, &mut |m| {
-                    bar.set_message(m.to_string())
-                })
-                .map_err(|e| e.to_string())?;
+            let file = eval::bench(&gathered, &kernels, &mut engine, &settings, &mut |m| {
+                bar.set_message(m.to_string())
+            })
+            .map_err(|e| e.to_string())?;
             bar.finish_and_clear();
-            let failed = rows.iter().any(|r| r.problem.is_some());
+            let failed = file.rows.iter().any(|r| r.problem.is_some());
             if json {
-                print_json(&kopt_report::BenchFile {
-                    device,
-                    ceilings,
-                    rows,
-                });
+                print_json(&file);
             } else {
-                render::bench(&device, ceilings.as_ref(), &rows);
+                render::bench(&file);
             }
             Ok(if failed {
                 ExitCode::from(1)

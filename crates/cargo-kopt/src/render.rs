@@ -5,7 +5,7 @@ use std::io::Write;
 use anstyle::{AnsiColor, Style};
 use kopt_engine::protocol::{Ceilings, DeviceInfo};
 
-use crate::eval::{BenchRow, VerifyOutcome};
+use crate::eval::{BenchFile, VerifyOutcome};
 use crate::table::Table;
 
 fn style(c: AnsiColor) -> Style {
@@ -194,9 +194,14 @@ pub fn verify(d: &DeviceInfo, c: Option<&Ceilings>, outcomes: &[VerifyOutcome]) 
     }
 }
 
-pub fn bench(d: &DeviceInfo, c: Option<&Ceilings>, rows: &[BenchRow]) {
+pub fn bench(file: &BenchFile) {
+    let rows = &file.rows;
     let mut out = anstream::stdout();
-    let _ = writeln!(out, "{}\n", device_line(d, c));
+    let _ = writeln!(
+        out,
+        "{}\n",
+        device_line(&file.device, file.ceilings.as_ref())
+    );
     let mut t = Table::new(&[
         "kernel",
         "shape",
@@ -205,6 +210,7 @@ pub fn bench(d: &DeviceInfo, c: Option<&Ceilings>, rows: &[BenchRow]) {
         "active µs",
         "speedup",
         "% copy bw",
+        "% same-size copy",
         "% peak FLOP/s",
         "spread",
     ]);
@@ -228,6 +234,10 @@ pub fn bench(d: &DeviceInfo, c: Option<&Ceilings>, rows: &[BenchRow]) {
                 opt(r.copy_bandwidth_pct, |x| format!("{x:.1}%")),
                 Style::new(),
             ),
+            (
+                opt(r.same_size_copy_pct, |x| format!("{x:.1}%")),
+                Style::new(),
+            ),
             (opt(r.flops_pct, |x| format!("{x:.2}%")), Style::new()),
             (
                 opt(r.spread, |x| format!("{:.1}%", 100.0 * x)),
@@ -249,6 +259,18 @@ pub fn bench(d: &DeviceInfo, c: Option<&Ceilings>, rows: &[BenchRow]) {
     }
     if let Some(m) = rows.iter().find_map(|r| r.method.clone()) {
         let _ = writeln!(out, "timing: median per launch ({m}); % copy bw: ideal bytes / time against the measured device-to-device copy");
+    }
+    match &file.same_size_copy {
+        Some(c) if c.starts_with("not measured") => {
+            let _ = writeln!(out, "% same-size copy: {c}");
+        }
+        Some(c) => {
+            let _ = writeln!(
+                out,
+                "% same-size copy: the time of {c}, over the active version's"
+            );
+        }
+        None => {}
     }
 }
 

@@ -235,7 +235,12 @@ fn malformed_requests_get_an_error_and_the_worker_goes_on() {
         .unwrap();
     let stdin = child.stdin.as_mut().unwrap();
     writeln!(stdin, "{{ not json").unwrap();
-    writeln!(stdin, r#"{{"type":"hello","version":1}}"#).unwrap();
+    writeln!(
+        stdin,
+        r#"{{"type":"hello","version":{}}}"#,
+        kopt_engine::protocol::PROTOCOL_VERSION
+    )
+    .unwrap();
     writeln!(stdin, r#"{{"type":"shutdown"}}"#).unwrap();
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -285,10 +290,35 @@ fn verify_and_bench_commands_on_the_fake_device() {
         "reference µs",
         "active µs",
         "% copy bw",
+        "% same-size copy",
         "online-vec4",
         "gqa_decode",
     ] {
         assert!(out.contains(needle), "{needle} missing in\n{out}");
+    }
+
+    // Each shape is also measured against a one-launch copy of its bytes, timed by the
+    // worker (the fake device's copy: 4000 GB/s plus 2 µs).
+    let o = run(&["bench", "--message-format", "json"]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let b: kopt_report::BenchFile = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        b.same_size_copy
+            .as_deref()
+            .unwrap()
+            .contains("one-launch copy"),
+        "{:?}",
+        b.same_size_copy
+    );
+    for r in &b.rows {
+        let bytes = r.bytes.expect("every measured row has its bytes") as f64;
+        let copy = r.same_size_copy_us.unwrap();
+        assert!((copy - (bytes / 4000e3 + 2.0)).abs() < 1e-6, "{r:?}");
+        let pct = r.same_size_copy_pct.unwrap();
+        assert!(
+            (pct - 100.0 * copy / r.active_us.unwrap()).abs() < 1e-9,
+            "{r:?}"
+        );
     }
 
     // A corrupted variant is not verified: the build would not use it, and check says so.

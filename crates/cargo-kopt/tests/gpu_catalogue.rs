@@ -284,3 +284,48 @@ fn catalogue_candidates_are_distinct_variations_of_the_good_one() {
         );
     }
 }
+
+/// The one-launch copies `cargo kopt bench` measures small shapes against: a large copy
+/// runs near the measured copy ceiling, a tiny one costs what a launch costs, and time
+/// grows with the bytes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn same_size_copies_are_timed_like_kernels() {
+    if !kopt::gpu::available_for_test() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let mut engine = Engine::new(
+        WorkerCommand::cuda(worker_program(), 0),
+        None,
+        kopt_engine::ceilings::CeilingsCache::at(scratch.path().join("ceilings.json")),
+    );
+    engine.worker.step_timeout = std::time::Duration::from_secs(60);
+    let ceilings = engine.ceilings(false).expect("ceilings");
+    let sizes = [16 << 10, 8 << 20, 512 << 20];
+    let copies = engine.copy_times(&sizes, &mut |_| {}).expect("copy times");
+    for c in &copies {
+        println!(
+            "copy of {} bytes: {:.2} µs ({:.0} GB/s; {})",
+            c.bytes,
+            c.timing.median_us,
+            c.bytes as f64 / c.timing.median_us / 1e3,
+            c.timing.method
+        );
+    }
+    assert_eq!(copies.len(), 3);
+    let us: Vec<f64> = copies.iter().map(|c| c.timing.median_us).collect();
+    assert!(
+        us[0] > 0.3 && us[0] < 20.0,
+        "a 16 KB copy takes {} µs",
+        us[0]
+    );
+    assert!(us[0] < us[1] && us[1] < us[2], "{us:?}");
+    let large_gbs = sizes[2] as f64 / us[2] / 1e3;
+    assert!(
+        large_gbs > 0.7 * ceilings.copy_gbs && large_gbs < 1.15 * ceilings.copy_gbs,
+        "512 MB copy at {large_gbs:.0} GB/s against the {:.0} GB/s ceiling",
+        ceilings.copy_gbs
+    );
+    assert!(copies[2].timing.method.contains("L2 cold"));
+}

@@ -7,7 +7,7 @@ use crate::cache::{self, EvalCache};
 use crate::ceilings::CeilingsCache;
 use crate::job::EvalJob;
 use crate::parent::{Worker, WorkerCommand, WorkerFailure};
-use crate::protocol::{Ceilings, DeviceInfo, EvalReport};
+use crate::protocol::{Ceilings, CopyTime, DeviceInfo, EvalReport};
 
 /// The outcome of one evaluation.
 #[derive(Debug, Clone)]
@@ -94,6 +94,16 @@ impl Engine {
             report,
             cached: false,
         }
+    }
+
+    /// Times a one-launch copy of each byte count on the device (not cached: it is a
+    /// measurement of this moment, like the bench it serves).
+    pub fn copy_times(
+        &mut self,
+        bytes: &[u64],
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Vec<CopyTime>, WorkerFailure> {
+        self.worker.copy_times(bytes, progress)
     }
 
     pub fn cache_dir(&self) -> Option<&Path> {

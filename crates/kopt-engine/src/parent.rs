@@ -258,6 +258,26 @@ impl Worker {
         }
     }
 
+    /// Times a one-launch copy of each byte count (see [`CopyTime`]).
+    pub fn copy_times(
+        &mut self,
+        bytes: &[u64],
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Vec<CopyTime>, WorkerFailure> {
+        match self.request(
+            &Request::CopyTimes {
+                bytes: bytes.to_vec(),
+            },
+            progress,
+        )? {
+            Message::CopyTimes { copies } => Ok(copies),
+            Message::Error { message } => Err(WorkerFailure::Refused(message)),
+            other => Err(WorkerFailure::Refused(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
     pub fn shutdown(&mut self) {
         if let Some(mut r) = self.running.take() {
             let _ = writeln!(
@@ -291,6 +311,7 @@ fn exchange(
     let mut step = match req {
         Request::Evaluate { .. } => "start".to_string(),
         Request::Ceilings => "measuring ceilings".to_string(),
+        Request::CopyTimes { .. } => "timing copies".to_string(),
         _ => "greeting".to_string(),
     };
     if sent.is_err() {

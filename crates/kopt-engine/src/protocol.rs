@@ -13,7 +13,7 @@ use crate::job::{EvalJob, Geometry};
 use crate::stats::Timing;
 
 /// Bumped on any incompatible change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -25,6 +25,11 @@ pub enum Request {
     Ceilings,
     Evaluate {
         job: Box<EvalJob>,
+    },
+    /// Time a one-launch device copy moving each of these byte counts (read plus
+    /// written), by the method kernels are timed with.
+    CopyTimes {
+        bytes: Vec<u64>,
     },
     Shutdown,
 }
@@ -45,6 +50,9 @@ pub enum Message {
     },
     Report {
         report: Box<EvalReport>,
+    },
+    CopyTimes {
+        copies: Vec<CopyTime>,
     },
     /// The request could not be served (bad request, or the device failed outside a job).
     Error {
@@ -110,6 +118,16 @@ impl Ceilings {
         .flatten()
         .reduce(f64::max)
     }
+}
+
+/// A one-launch copy kernel moving `bytes` (half read, half written), timed like a
+/// kernel: the best a single launch moving that many bytes does on this device, launch
+/// and latency included. Small shapes are judged against it, not against the bandwidth
+/// of a 1 GiB copy they could never reach.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CopyTime {
+    pub bytes: u64,
+    pub timing: Timing,
 }
 
 /// Registers, shared and local memory of a compiled function.

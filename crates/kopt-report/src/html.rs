@@ -138,6 +138,13 @@ fn performance(o: &mut String, bench: Option<&BenchFile>) {
         "<p class=\"muted\">Median time per launch{}. % of roofline: the larger of the share of the measured copy bandwidth (`bw`: ideal bytes over time) and the share of the matrix peak (`peak`: declared FLOPs over time).</p>",
         method.map(|m| format!(" (e.g. {})", esc(m))).unwrap_or_default()
     );
+    if let Some(c) = &b.same_size_copy {
+        let _ = writeln!(
+            o,
+            "<p class=\"muted\">% same-size copy: the time of one launch that copies the shape's ideal bytes, over the active version's; it counts the launch and latency a small shape cannot avoid ({}).</p>",
+            esc(c)
+        );
+    }
     o.push_str("<div class=\"grid2\">\n");
     for (pkg, k) in kernels(&b.rows) {
         let rows: Vec<&BenchRow> = b
@@ -169,7 +176,7 @@ fn performance(o: &mut String, bench: Option<&BenchFile>) {
         ));
         o.push_str("</figure>\n");
     }
-    o.push_str("</div>\n<table>\n<tr><th>kernel</th><th>shape</th><th>active</th><th>reference µs</th><th>active µs</th><th>speedup</th><th>% copy bw</th><th>% peak FLOP/s</th><th>% of roofline</th><th>spread</th><th>status</th></tr>\n");
+    o.push_str("</div>\n<table>\n<tr><th>kernel</th><th>shape</th><th>active</th><th>reference µs</th><th>active µs</th><th>speedup</th><th>% copy bw</th><th>% same-size copy</th><th>% peak FLOP/s</th><th>% of roofline</th><th>spread</th><th>status</th></tr>\n");
     for (pkg, k) in kernels(&b.rows) {
         for r in b.rows.iter().filter(|r| r.package == pkg && r.kernel == k) {
             let roof = r
@@ -182,7 +189,7 @@ fn performance(o: &mut String, bench: Option<&BenchFile>) {
             };
             let _ = writeln!(
                 o,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{status}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{status}</td></tr>",
                 esc(&r.kernel),
                 esc(&r.shape),
                 esc(&r.active),
@@ -190,6 +197,7 @@ fn performance(o: &mut String, bench: Option<&BenchFile>) {
                 opt(r.active_us, |v| format!("{v:.2}")),
                 opt(r.speedup, |v| format!("{v:.2}x")),
                 opt(r.copy_bandwidth_pct, |v| format!("{v:.1}%")),
+                opt(r.same_size_copy_pct, |v| format!("{v:.1}%")),
                 opt(r.flops_pct, |v| format!("{v:.3}%")),
                 roof,
                 opt(r.spread, |v| format!("{:.1}%", v * 100.0)),

@@ -38,6 +38,16 @@ pub struct BenchRow {
     pub cached: bool,
     /// Set when the measurement itself failed (the active version did not pass).
     pub problem: Option<String>,
+    /// The shape's ideal bytes (read plus written), from the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// A one-launch copy of the same bytes, timed the same way, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_size_copy_us: Option<f64>,
+    /// That copy's time over the active version's, percent: how close the version comes to
+    /// the best a single launch moving its bytes does, launch and latency included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_size_copy_pct: Option<f64>,
 }
 
 impl BenchRow {
@@ -61,6 +71,9 @@ pub struct BenchFile {
     pub device: DeviceInfo,
     pub ceilings: Option<Ceilings>,
     pub rows: Vec<BenchRow>,
+    /// How the same-size copies were timed, or why they were not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_size_copy: Option<String>,
 }
 
 /// The part of `cargo kopt search-bench --json-out FILE` the report shows.

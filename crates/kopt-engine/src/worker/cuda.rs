@@ -417,6 +417,80 @@ impl Backend for CudaBackend {
         crate::ceilings::measure(&self.stream, &self.info).map_err(|e| format!("{e:?}"))
     }
 
+    /// Each byte count as `bytes / 2` read and written by a vectorised grid-stride copy
+    /// (rounded up to 16 bytes), timed by the kernels' method: graph replays cycling over
+    /// enough buffer pairs to keep the L2 cold, median per launch.
+    fn copy_times(
+        &mut self,
+        bytes: &[u64],
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Vec<CopyTime>, String> {
+        let text = |e: Stop| match e {
+            Stop::Error(m) | Stop::Fault(m) => m,
+        };
+        let f = self
+            .builtin("copy", COPY_SOURCE, "kopt_copy")
+            .map_err(|e| format!("kopt's copy kernel did not compile: {e}"))?;
+        let policy = TimingPolicy::default();
+        let s = self.stream.clone();
+        let mut out = Vec::with_capacity(bytes.len());
+        for &b in bytes {
+            progress(&format!("copy of {b} bytes"));
+            let vectors = (b / 2).div_ceil(16).max(1);
+            let half = (vectors * 16) as usize;
+            let (sets, cold) =
+                timing_sets(2 * half as u64, self.info.l2_bytes, policy.max_input_sets);
+            let mut pairs = Vec::with_capacity(sets);
+            for _ in 0..sets {
+                let src = DeviceBuf::new(half).map_err(|e| format!("allocation: {e:?}"))?;
+                let dst = DeviceBuf::new(half).map_err(|e| format!("allocation: {e:?}"))?;
+                // SAFETY: `src` holds `half` bytes.
+                unsafe { cudarc::driver::result::memset_d8_async(src.ptr, 0, half, s.cu_stream()) }
+                    .map_err(|e| format!("memset: {e:?}"))?;
+                pairs.push((src, dst));
+            }
+            let mut p: Vec<Params> = pairs
+                .iter()
+                .map(|(src, dst)| Params {
+                    cells: vec![src.ptr, dst.ptr, vectors],
+                })
+                .collect();
+            // Every SM full (2048 threads), no more: the loop strides over the rest.
+            let g = Geometry {
+                grid: [
+                    vectors
+                        .div_ceil(256)
+                        .min(8 * self.info.multiprocessors as u64)
+                        .max(1) as u32,
+                    1,
+                    1,
+                ],
+                block: [256, 1, 1],
+                smem: 0,
+            };
+            for _ in 0..policy.warmup {
+                launch(&s, &f, &g, &mut p[0]).map_err(|e| text(Stop::driver("copy launch", e)))?;
+            }
+            s.synchronize()
+                .map_err(|e| format!("copy warm-up: {e:?}"))?;
+            let est = estimate_us(&s, &f, &g, &mut p[0]).map_err(text)?;
+            let reps = graph_reps(&policy, est, sets);
+            let graph = capture(&s, &f, &g, &mut p, reps).map_err(text)?;
+            let samples = replay_until_stable(&s, &[&graph], reps, &policy).map_err(text)?;
+            drop(graph);
+            s.synchronize().map_err(|e| format!("copy: {e:?}"))?;
+            out.push(CopyTime {
+                bytes: b,
+                timing: stats::summarise(
+                    &timing_method(reps, sets, cold),
+                    reps as u32,
+                    &samples[0],
+                ),
+            });
+        }
+        Ok(out)
+    }
+
     fn evaluate(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> EvalReport {
         progress("compile");
         let (rf, reference) = self.compile(&job.reference);
@@ -499,6 +573,17 @@ impl CudaBackend {
         Ok(self.poison[&(dtype, n)].ptr)
     }
 
+    /// One of kopt's own kernels, compiled for this device.
+    fn builtin(&self, name: &str, source: &str, entry: &str) -> Result<CudaFunction, String> {
+        let cc = (
+            self.info.compute_capability.0 as i32,
+            self.info.compute_capability.1 as i32,
+        );
+        let ptx = kopt::compile_ptx("kopt", name, source, &[], cc).map_err(|e| e.to_string())?;
+        let module = self.ctx.load_module(ptx).map_err(|e| format!("{e:?}"))?;
+        module.load_function(entry).map_err(|e| format!("{e:?}"))
+    }
+
     /// Whether the device buffers at `a` and `b` differ in their first `bytes` bytes; `None`
     /// when the comparison kernel is not available.
     fn device_differs(
@@ -508,15 +593,9 @@ impl CudaBackend {
         bytes: usize,
     ) -> Result<Option<bool>, Stop> {
         if self.differ.is_none() {
-            let cc = (
-                self.info.compute_capability.0 as i32,
-                self.info.compute_capability.1 as i32,
-            );
             self.differ = Some(
-                kopt::compile_ptx("kopt", "bytes_differ", DIFFER_SOURCE, &[], cc)
-                    .ok()
-                    .and_then(|ptx| self.ctx.load_module(ptx).ok())
-                    .and_then(|m| m.load_function("kopt_bytes_differ").ok()),
+                self.builtin("bytes_differ", DIFFER_SOURCE, "kopt_bytes_differ")
+                    .ok(),
             );
         }
         let Some(Some(f)) = self.differ.clone() else {
@@ -837,17 +916,8 @@ impl CudaBackend {
         progress: &mut dyn FnMut(&str),
     ) -> Result<(Timing, Timing), Stop> {
         let s = self.stream.clone();
-        let twice_l2 = 2 * self.info.l2_bytes;
-        let per_set: u64 = base.dev.iter().map(|d| d.bytes as u64).sum::<u64>().max(1);
-        let mut sets = if per_set >= twice_l2 {
-            1
-        } else {
-            (twice_l2.div_ceil(per_set) + 1) as usize
-        };
-        sets = sets
-            .min(policy.max_input_sets.max(1) as usize)
-            .min(((8u64 << 30) / per_set).max(1) as usize);
-        let cold = per_set * sets as u64 >= twice_l2;
+        let per_set: u64 = base.dev.iter().map(|d| d.bytes as u64).sum();
+        let (sets, cold) = timing_sets(per_set, self.info.l2_bytes, policy.max_input_sets);
         // Copies of the inputs (and outputs) for sets 1..: pooled allocations, contents
         // copied afresh every time.
         progress("timing (setup)");
@@ -877,27 +947,9 @@ impl CudaBackend {
             launch(&s, c.0, c.1, &mut pc[0]).map_err(|e| Stop::driver("candidate launch", e))?;
         }
         s.synchronize().map_err(|e| Stop::driver("warm-up", e))?;
-        let event = || {
-            s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| Stop::driver("event", e))
-        };
-        let estimate = |f: &CudaFunction, g: &Geometry, p: &mut Params| -> Result<f64, Stop> {
-            let e0 = event()?;
-            launch(&s, f, g, p).map_err(|e| Stop::driver("launch", e))?;
-            let e1 = event()?;
-            e1.synchronize().map_err(|e| Stop::driver("kernel", e))?;
-            Ok(e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64 * 1e3)
-        };
-        let est = estimate(r.0, r.1, &mut pr[0])?
-            .min(estimate(c.0, c.1, &mut pc[0])?)
-            .max(0.5);
-        // Enough launches per replay that the replay's own overhead is noise; a power of two
-        // (times the sets), so that the reference's graph of the last job is reused when
-        // the candidates' speeds are alike.
-        let mut reps = ((policy.graph_target_us / est).ceil() as usize)
-            .next_power_of_two()
-            .clamp(sets, 2048);
-        reps = reps.div_ceil(sets) * sets;
+        let est =
+            estimate_us(&s, r.0, r.1, &mut pr[0])?.min(estimate_us(&s, c.0, c.1, &mut pc[0])?);
+        let reps = graph_reps(policy, est, sets);
         progress("timing (graph capture)");
         let reference_key = GraphCache::key(r.0, r.1, &pr, reps);
         let gr = match self.reference_graphs.take(&reference_key) {
@@ -905,50 +957,12 @@ impl CudaBackend {
             None => capture(&s, r.0, r.1, &mut pr, reps)?,
         };
         let gc = capture(&s, c.0, c.1, &mut pc, reps)?;
-        let time_graph = |g: &cudarc::driver::CudaGraph| -> Result<f64, Stop> {
-            let e0 = event()?;
-            g.launch().map_err(|e| Stop::driver("graph launch", e))?;
-            let e1 = event()?;
-            e1.synchronize().map_err(|e| Stop::driver("kernel", e))?;
-            Ok(
-                e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64 * 1e3
-                    / reps as f64,
-            )
-        };
         progress("timing (replays)");
-        time_graph(&gr)?;
-        time_graph(&gc)?;
-        let (mut sr, mut sc) = (Vec::new(), Vec::new());
-        let t0 = Instant::now();
-        loop {
-            sr.push(time_graph(&gr)?);
-            sc.push(time_graph(&gc)?);
-            let el = t0.elapsed().as_secs_f64();
-            if stats::should_stop(
-                &sr,
-                policy.min_samples,
-                policy.max_samples,
-                policy.target_spread,
-                el,
-                policy.max_seconds,
-            ) && stats::should_stop(
-                &sc,
-                policy.min_samples,
-                policy.max_samples,
-                policy.target_spread,
-                el,
-                policy.max_seconds,
-            ) {
-                break;
-            }
-        }
-        let method = format!(
-            "graph of {reps} launches over {sets} input set(s), L2 {}",
-            if cold { "cold" } else { "warm" }
-        );
+        let samples = replay_until_stable(&s, &[&gr, &gc], reps, policy)?;
+        let method = timing_method(reps, sets, cold);
         let figures = (
-            stats::summarise(&method, reps as u32, &sr),
-            stats::summarise(&method, reps as u32, &sc),
+            stats::summarise(&method, reps as u32, &samples[0]),
+            stats::summarise(&method, reps as u32, &samples[1]),
         );
         drop(gc);
         self.reference_graphs.put(reference_key, gr);
@@ -958,6 +972,101 @@ impl CudaBackend {
             self.pool.put(set);
         }
         Ok(figures)
+    }
+}
+
+/// How many copies of a launch's buffers (`per_set` bytes each) the timing graph cycles
+/// over: enough to exceed twice the L2, so that every launch reads cold data, within
+/// `max_sets` and 8 GiB; and whether that many do exceed it (small shapes capped by
+/// `max_sets` are timed warm, and the method says so).
+fn timing_sets(per_set: u64, l2_bytes: u64, max_sets: u32) -> (usize, bool) {
+    let twice_l2 = 2 * l2_bytes;
+    let per_set = per_set.max(1);
+    let sets = if per_set >= twice_l2 {
+        1
+    } else {
+        (twice_l2.div_ceil(per_set) + 1) as usize
+    };
+    let sets = sets
+        .min(max_sets.max(1) as usize)
+        .min(((8u64 << 30) / per_set).max(1) as usize);
+    (sets, per_set * sets as u64 >= twice_l2)
+}
+
+/// Launches per graph replay: enough that the replay's own overhead is noise; a power of
+/// two (times the sets), so that the reference's graph of the last job is reused when the
+/// candidates' speeds are alike.
+fn graph_reps(policy: &TimingPolicy, estimate_us: f64, sets: usize) -> usize {
+    let reps = ((policy.graph_target_us / estimate_us.max(0.5)).ceil() as usize)
+        .next_power_of_two()
+        .clamp(sets, 2048);
+    reps.div_ceil(sets) * sets
+}
+
+fn timing_method(reps: usize, sets: usize, cold: bool) -> String {
+    format!(
+        "graph of {reps} launches over {sets} input set(s), L2 {}",
+        if cold { "cold" } else { "warm" }
+    )
+}
+
+fn event(s: &Arc<CudaStream>) -> Result<cudarc::driver::CudaEvent, Stop> {
+    s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(|e| Stop::driver("event", e))
+}
+
+/// One launch between events, µs: a first estimate that sizes the timing graph.
+fn estimate_us(
+    s: &Arc<CudaStream>,
+    f: &CudaFunction,
+    g: &Geometry,
+    p: &mut Params,
+) -> Result<f64, Stop> {
+    let e0 = event(s)?;
+    launch(s, f, g, p).map_err(|e| Stop::driver("launch", e))?;
+    let e1 = event(s)?;
+    e1.synchronize().map_err(|e| Stop::driver("kernel", e))?;
+    Ok(e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64 * 1e3)
+}
+
+/// Per-launch samples (µs) of each graph of `reps` launches: one untimed replay each,
+/// then one replay per sample, alternating the graphs so that drift affects them alike,
+/// until every series is stable by `policy` (or its sample and time limits).
+fn replay_until_stable(
+    s: &Arc<CudaStream>,
+    graphs: &[&cudarc::driver::CudaGraph],
+    reps: usize,
+    policy: &TimingPolicy,
+) -> Result<Vec<Vec<f64>>, Stop> {
+    let time_graph = |g: &cudarc::driver::CudaGraph| -> Result<f64, Stop> {
+        let e0 = event(s)?;
+        g.launch().map_err(|e| Stop::driver("graph launch", e))?;
+        let e1 = event(s)?;
+        e1.synchronize().map_err(|e| Stop::driver("kernel", e))?;
+        Ok(e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64 * 1e3 / reps as f64)
+    };
+    for g in graphs {
+        time_graph(g)?;
+    }
+    let mut samples = vec![Vec::new(); graphs.len()];
+    let t0 = Instant::now();
+    loop {
+        for (g, out) in graphs.iter().zip(samples.iter_mut()) {
+            out.push(time_graph(g)?);
+        }
+        let el = t0.elapsed().as_secs_f64();
+        if samples.iter().all(|v| {
+            stats::should_stop(
+                v,
+                policy.min_samples,
+                policy.max_samples,
+                policy.target_spread,
+                el,
+                policy.max_seconds,
+            )
+        }) {
+            return Ok(samples);
+        }
     }
 }
 
@@ -973,6 +1082,26 @@ extern "C" __global__ void kopt_bytes_differ(const unsigned char* a, const unsig
             return;
         }
     }
+}
+"#;
+
+/// The one-launch copy that small shapes are measured against: 16-byte vectors, four in
+/// flight per thread, grid-stride (the launch caps the grid at a full device).
+const COPY_SOURCE: &str = r#"
+extern "C" __global__ void __launch_bounds__(256) kopt_copy(const uint4* __restrict__ src,
+                                                         uint4* __restrict__ dst,
+                                                         unsigned long long n) {
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride],
+                    d = src[i + 3 * stride];
+        dst[i] = a;
+        dst[i + stride] = b;
+        dst[i + 2 * stride] = c;
+        dst[i + 3 * stride] = d;
+    }
+    for (; i < n; i += stride) dst[i] = src[i];
 }
 "#;
 

@@ -18,7 +18,8 @@
 //! // kopt-fake: time-table TOKEN:F ...   a timing model over defines and options (below)
 //! ```
 //!
-//! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs.
+//! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs; a one-launch copy
+//! (`copy_times`) at 4000 GB/s plus 2 µs.
 //!
 //! **Several devices.** `KOPT_FAKE_DEVICES=N` makes N fake devices (ordinals 0 to N-1, each
 //! with its own UUID; the worker is started with `--fake --device K`), so that the device
@@ -267,6 +268,28 @@ impl Backend for FakeBackend {
             matmul_f32_tflops: Some(50.0),
             method: "fake device: fixed figures".into(),
         })
+    }
+
+    fn copy_times(
+        &mut self,
+        bytes: &[u64],
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Vec<CopyTime>, String> {
+        Ok(bytes
+            .iter()
+            .map(|&b| {
+                progress(&format!("copy of {b} bytes"));
+                let us = b as f64 / 4000e3 + 2.0;
+                CopyTime {
+                    bytes: b,
+                    timing: summarise(
+                        "graph of 10 launches over 1 input set(s), L2 cold",
+                        10,
+                        &[us * 0.995, us, us * 1.005, us],
+                    ),
+                }
+            })
+            .collect())
     }
 
     fn evaluate(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> EvalReport {

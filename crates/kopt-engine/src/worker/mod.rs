@@ -6,7 +6,9 @@
 use std::io::{BufRead, Write};
 
 use crate::job::EvalJob;
-use crate::protocol::{Ceilings, DeviceInfo, EvalReport, Message, Request, PROTOCOL_VERSION};
+use crate::protocol::{
+    Ceilings, CopyTime, DeviceInfo, EvalReport, Message, Request, PROTOCOL_VERSION,
+};
 
 pub mod cuda;
 pub mod fake;
@@ -18,6 +20,12 @@ pub trait Backend {
     fn ceilings(&mut self) -> Result<Ceilings, String>;
     /// Runs a job; `progress` is called before every step that touches the device.
     fn evaluate(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> EvalReport;
+    /// Times a one-launch copy of each byte count (see [`CopyTime`]).
+    fn copy_times(
+        &mut self,
+        bytes: &[u64],
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Vec<CopyTime>, String>;
 }
 
 /// How the worker was asked to start.
@@ -100,17 +108,7 @@ pub fn serve(kind: WorkerKind) -> i32 {
                 Err(e) => send(&mut out, &Message::Error { message: e }),
             },
             Request::Evaluate { job } => {
-                let report = {
-                    let mut progress = |step: &str| {
-                        send(
-                            &mut std::io::stdout().lock(),
-                            &Message::Progress {
-                                step: step.to_string(),
-                            },
-                        )
-                    };
-                    backend.evaluate(&job, &mut progress)
-                };
+                let report = backend.evaluate(&job, &mut progress_message);
                 let fault = report.fault.is_some();
                 send(
                     &mut out,
@@ -123,10 +121,26 @@ pub fn serve(kind: WorkerKind) -> i32 {
                     return 3;
                 }
             }
+            Request::CopyTimes { bytes } => {
+                match backend.copy_times(&bytes, &mut progress_message) {
+                    Ok(copies) => send(&mut out, &Message::CopyTimes { copies }),
+                    Err(e) => send(&mut out, &Message::Error { message: e }),
+                }
+            }
             Request::Shutdown => return 0,
         }
     }
     0
+}
+
+/// Sends a progress step, so that the parent's watchdog sees a long job move.
+fn progress_message(step: &str) {
+    send(
+        &mut std::io::stdout().lock(),
+        &Message::Progress {
+            step: step.to_string(),
+        },
+    )
 }
 
 /// Evaluates one job read from a file and prints the report: the form compute-sanitizer
