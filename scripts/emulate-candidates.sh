@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # No GPU needed: runs the hand-written candidates of examples/llm-kernels/agents/
-# (layer_norm, rmsnorm, softmax without its cluster mode, transpose, silu_mul, gemm, gqa_decode) in a CPU emulation of their blocks (one thread
+# (layer_norm, rmsnorm, softmax without its cluster mode, transpose, silu_mul, gemm, gqa_decode
+# and gqa_decode_pipe) in a CPU emulation of their blocks (one thread
 # per CUDA thread; __syncthreads, warp shuffles, ldmatrix, mma.sync m16n8k16 and
 # deferred cp.async groups emulated in scripts/emulate-candidates/*.h) and compares them
 # with f64 references on small and edge shapes. Needs g++ (C++20) and python3.
@@ -14,7 +15,7 @@ cp "$here"/emulate-candidates/* "$work/"
 python3 - "$agents" "$work" <<'PY'
 import re, sys
 agents, work = sys.argv[1], sys.argv[2]
-def conv(name, out, gemm=False, gqa=False):
+def conv(name, out, gemm=False, gqa=False, dyn_smem=False):
     s = open(f"{agents}/{name}").read()
     s = s.replace('#include <cuda_fp16.h>', '#include "emu.h"').replace('extern "C" __global__', '')
     s = re.sub(r'asm volatile\("st.global.cs.v4.u32.*?: "memory"\);', '*p = v;', s, flags=re.S)
@@ -24,9 +25,12 @@ def conv(name, out, gemm=False, gqa=False):
     if gqa:
         s = re.sub(r'// PTX-BEGIN.*?// PTX-END', '#include "gqa_ptx_emu.h"', s, flags=re.S)
         s = s.replace('__shared__ __align__(16)', 'alignas(16) static')
+    if dyn_smem:
+        s = s.replace('extern __shared__ __align__(128) unsigned char smem[];', 'unsigned char* smem = g_dyn_smem;')
         s = s.replace('return *reinterpret_cast<const unsigned int*>(&h);', 'unsigned int r; memcpy(&r, &h, 4); return r;')
     open(f"{work}/{out}", "w").write(s)
 conv('gqa_decode.cu', 'gqa.cpp', gqa=True)
+conv('gqa_decode_pipe.cu', 'gqa_pipe.cpp', gqa=True, dyn_smem=True)
 conv('layer_norm.cu', 'ln.cpp')
 conv('silu_mul.cu', 'silu.cpp')
 conv('transpose.cu', 'tr.cpp')
@@ -97,4 +101,31 @@ for s in "1 32 8 1 132" "1 32 8 17 132" "2 32 8 1000 132" "1 32 8 4099 132" "3 1
     ./gqa_test $s || fails=$((fails + 1))
 done
 echo "gqa_decode: $fails failed"
+[ "$fails" -eq 0 ]
+# gqa_decode_pipe: the same shapes, plus ones for its ring's prologue and epilogue: fewer
+# keys than a tile (1, 5, 15), not a multiple of 16, warps with fewer tiles than the ring
+# has stages (and none), exactly STAGES tiles per warp, many per warp (one split: 4099 keys
+# are 33 tiles per warp of 8), many splits (WAVE_BLOCKS 264: 33 at batch 1). Each in the
+# proposal's geometry (WARPS 8, STAGES 3) and two of its matrix's (4 warps; 2 stages), with
+# cp.async copies landing at their wait (deferred) and at their issue (eager).
+pipe_shapes=("1 32 8 1 132" "1 32 8 5 132" "1 32 8 15 132 1" "1 32 8 17 132" "2 32 8 1000 132"
+    "1 32 8 4099 132" "3 16 8 333 132" "1 64 8 515 132" "1 64 4 300 132" "2 24 8 200 132"
+    "1 8 8 129 132" "2 33 3 77 132" "2 32 8 513 1" "20 32 8 64 132" "1 32 8 40 132 5"
+    "1 16 16 31 132 7" "1 32 8 3000 16" "1 32 8 4100 8" "2 32 8 2500 40" "1 64 4 1500 9"
+    "1 32 8 100 1" "1 32 8 383 1" "1 32 8 384 1" "1 32 8 4099 1" "1 32 8 2000 264"
+    "2 32 8 2049 264" "1 32 8 31 132 3")
+# The other geometries on the short shapes (the emulation is slow: one OS thread per lane).
+pipe_short=("1 32 8 5 132" "1 32 8 17 132" "2 33 3 77 132" "1 64 4 300 132" "1 32 8 100 1"
+    "1 32 8 383 1" "1 32 8 40 132 5" "1 16 16 31 132 7" "2 32 8 1000 264" "1 64 8 515 132")
+for geometry in "-DWARPS=8 -DSTAGES=3" "-DWARPS=4 -DSTAGES=3" "-DWARPS=8 -DSTAGES=2"; do
+    for copies in "" "-DCP_ASYNC_EAGER"; do
+        bin="gqa_pipe_test${geometry// /}$copies"
+        g++ $flags -DPIPE $geometry $copies gqa_test.cpp -o "$bin"
+        if [ "$geometry" = "-DWARPS=8 -DSTAGES=3" ]; then shapes=("${pipe_shapes[@]}"); else shapes=("${pipe_short[@]}"); fi
+        for s in "${shapes[@]}"; do
+            "./$bin" $s || fails=$((fails + 1))
+        done
+    done
+done
+echo "gqa_decode_pipe: $fails failed"
 [ "$fails" -eq 0 ]

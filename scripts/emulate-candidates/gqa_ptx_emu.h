@@ -1,5 +1,5 @@
-// Emulations of the PTX wrappers of the gqa_decode candidate (and the CUDA intrinsics it
-// uses beyond emu.h).
+// Emulations of the PTX wrappers of the gqa_decode candidates (and the CUDA intrinsics
+// they use beyond emu.h); the cp.async ring of gqa_decode_pipe.cu uses ptx_emu.h's.
 #include "ptx_emu.h"
 #include <atomic>
 struct uint2 { unsigned x, y; };
@@ -12,6 +12,7 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 template <class T> inline T __ldcg(const T* p) { return *p; }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __syncwarp(unsigned = 0xffffffffu) { my_warp().bar.arrive_and_wait(); }
 inline void __trap() { fprintf(stderr, "__trap\n"); abort(); }
 inline uint4 ld_stream(const __half* p) { uint4 r; memcpy(&r, p, 16); return r; }
 inline float ex2(float x) { return std::exp2(x); }

@@ -1,7 +1,25 @@
-// Emulated runs of the gqa_decode candidate against an f64 reference:
+// Emulated runs of a gqa_decode candidate against an f64 reference:
 // gqa_test batch q_heads kv_heads seq_len wave_blocks (the launch rule's WAVE_BLOCKS)
 // [splits: overrides the rule's grid.x, e.g. to leave trailing splits empty].
+// Built with -DPIPE, it runs gqa_decode_pipe.cu (block WARPS * 32 threads, smem WARPS
+// rings of STAGES tiles of 8 KB, as its launch rule says); otherwise gqa_decode.cu.
+#define STR2(x) #x
+#define STR(x) STR2(x)
+#ifdef PIPE
+#include "gqa_pipe.cpp"
+#define BLOCK_THREADS (WARPS * 32)
+#define DYN_SMEM (WARPS * STAGES * 8192)
+#ifdef CP_ASYNC_EAGER
+#define NAME "gqa_decode_pipe WARPS " STR(WARPS) " STAGES " STR(STAGES) " eager copies"
+#else
+#define NAME "gqa_decode_pipe WARPS " STR(WARPS) " STAGES " STR(STAGES) " deferred copies"
+#endif
+#else
 #include "gqa.cpp"
+#define BLOCK_THREADS 256
+#define DYN_SMEM 0
+#define NAME "gqa_decode"
+#endif
 #include <random>
 int main(int argc, char** argv) {
     unsigned batch = atoi(argv[1]), qh = atoi(argv[2]), kvh = atoi(argv[3]), seq = atoi(argv[4]);
@@ -18,7 +36,7 @@ int main(int argc, char** argv) {
     int fails = 0;
     for (int rep = 0; rep < 2; ++rep) {  // twice: the arrival counters must be reset
         for (auto& x : o) x = __float2half(NAN);
-        launch({splits, items}, {256, 1}, 0, [&] {
+        launch({splits, items}, {BLOCK_THREADS, 1}, DYN_SMEM, [&] {
             gqa_decode_f16(q.data(), k.data(), v.data(), o.data(), batch, qh, kvh, seq);
         });
         size_t bad = 0; double maxerr = 0;
@@ -35,7 +53,7 @@ int main(int argc, char** argv) {
                 if (!(err <= 1e-2 + 1e-2 * std::fabs(a))) { if (bad < 3) printf("  bad b%u h%u d%d got %f want %f\n", b, h, e, got, a); ++bad; }
                 if (!(err <= maxerr)) maxerr = err; }
         }
-        printf("gqa_decode B%u Hq%u Hkv%u S%u grid %ux%u run %d: max abs err %.2e bad %zu\n", batch, qh, kvh, seq, splits, items, rep, maxerr, bad);
+        printf(NAME " B%u Hq%u Hkv%u S%u grid %ux%u run %d: max abs err %.2e bad %zu\n", batch, qh, kvh, seq, splits, items, rep, maxerr, bad);
         fails += bad != 0;
     }
     return fails;

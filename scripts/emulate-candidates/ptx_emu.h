@@ -1,6 +1,16 @@
 // Emulations of the PTX wrappers of gemm_f16_mma.cu.
 inline unsigned int smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - g_dyn_smem); }
-inline void cp_async16(unsigned int dst, const void* src, int n) { t_open.push_back({dst, src, n}); }
+// Deferred (the default): a copy lands at the wait that retires its group, the latest a
+// GPU may land it, so a read before its wait sees the poison. CP_ASYNC_EAGER: it lands at
+// issue, the earliest, so a refill issued before the lanes finish reading a stage shows.
+inline void cp_async16(unsigned int dst, const void* src, int n) {
+#ifdef CP_ASYNC_EAGER
+    std::vector<Copy> now{{dst, src, n}};
+    do_copies(now);
+#else
+    t_open.push_back({dst, src, n});
+#endif
+}
 inline void cp_async_commit() { t_groups.push_back(t_open); t_open.clear(); }
 template <int N> inline void cp_async_wait() {
     while ((int)t_groups.size() > N) { do_copies(t_groups.front()); t_groups.pop_front(); }

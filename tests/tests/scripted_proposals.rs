@@ -30,7 +30,13 @@ const MORE_CANDIDATES: &[(&str, &[&str])] = &[
     ("silu_mul", &["silu_mul.cu", "silu_mul.cu"]),
     // The same kernel with other rows per block in the warp-per-row mode (`WARPS`).
     ("softmax", &["softmax.cu", "softmax.cu"]),
+    // K and V through a per-warp cp.async shared-memory ring.
+    ("gqa_decode", &["gqa_decode_pipe.cu"]),
 ];
+
+/// The most dynamic shared memory one block may have on the GPUs kopt targets (sm_90:
+/// 227 KB).
+const MAX_DYNAMIC_SMEM: i64 = 227 * 1024;
 
 /// The reviewable source file of each proposal of `kernel`'s proposal file, in order.
 fn candidate_files(kernel: &str) -> Vec<String> {
@@ -101,9 +107,44 @@ fn parse_launch(spec: &KernelSpec, defines: &BTreeMap<String, i64>, text: &str) 
     expr::parse_str(text, Ty::Int, &kinds, &all).unwrap()
 }
 
+/// The proposal's defines, then the same with each combination of its `matrix` (the loop
+/// searches those around the candidate, so every one must launch too).
+fn define_sets(p: &proposal::Proposal) -> Vec<BTreeMap<String, i64>> {
+    let mut sets = vec![p.defines.clone()];
+    for (name, values) in p.matrix.iter().flatten() {
+        sets = sets
+            .iter()
+            .flat_map(|set| {
+                values.iter().map(move |v| {
+                    let mut s = set.clone();
+                    s.insert(name.clone(), *v);
+                    s
+                })
+            })
+            .collect();
+    }
+    if p.matrix.is_some() {
+        sets.insert(0, p.defines.clone());
+    }
+    sets
+}
+
 /// The proposal's launch rule gives a runnable geometry on every declared and held-out shape,
-/// and keeps the invariants its source compiles in (cluster size, GQA split scratch).
+/// with its defines and with each combination of its matrix, and keeps the invariants its
+/// source compiles in (cluster size, GQA split scratch).
 fn check_launchable(spec: &KernelSpec, name: &str, p: &proposal::Proposal, source: &str) {
+    for defines in define_sets(p) {
+        check_launchable_with(spec, name, p, source, &defines);
+    }
+}
+
+fn check_launchable_with(
+    spec: &KernelSpec,
+    name: &str,
+    p: &proposal::Proposal,
+    source: &str,
+    defines: &BTreeMap<String, i64>,
+) {
     let launch = p
         .launch
         .as_ref()
@@ -111,13 +152,14 @@ fn check_launchable(spec: &KernelSpec, name: &str, p: &proposal::Proposal, sourc
     let grid: Vec<Expr> = launch
         .grid
         .iter()
-        .map(|e| parse_launch(spec, &p.defines, e))
+        .map(|e| parse_launch(spec, defines, e))
         .collect();
     let block: Vec<Expr> = launch
         .block
         .iter()
-        .map(|e| parse_launch(spec, &p.defines, e))
+        .map(|e| parse_launch(spec, defines, e))
         .collect();
+    let smem = parse_launch(spec, defines, &launch.smem);
     let cluster = cluster_x(source);
     let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
 
@@ -131,11 +173,16 @@ fn check_launchable(spec: &KernelSpec, name: &str, p: &proposal::Proposal, sourc
             .iter()
             .filter_map(|(n, v)| v.as_i64().map(|i| (n.as_str(), i)))
             .collect();
-        vars.extend(p.defines.iter().map(|(n, v)| (n.as_str(), *v)));
+        vars.extend(defines.iter().map(|(n, v)| (n.as_str(), *v)));
         let eval = |e: &Expr| e.eval_named(&vars).unwrap();
         let g: Vec<i64> = grid.iter().map(eval).collect();
         let b: Vec<i64> = block.iter().map(eval).collect();
-        let shape = format!("{name} {values:?}: grid {g:?} block {b:?}");
+        let dynamic_smem = eval(&smem);
+        let shape = format!("{name} {values:?} {defines:?}: grid {g:?} block {b:?}");
+        assert!(
+            (0..=MAX_DYNAMIC_SMEM).contains(&dynamic_smem),
+            "{shape}: dynamic shared memory {dynamic_smem} bytes"
+        );
         assert!(
             g.iter().all(|&d| d >= 1) && g[1] <= 65535 && g[2] <= 65535,
             "{shape}"
