@@ -486,10 +486,12 @@ fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_>) -> SweepEnd {
 
 /// A point's line of the sweep's feedback: its defines, its verdict, its time per shape.
 fn point_line(id: &str, defines: &BTreeMap<String, i64>, v: &Verdict) -> String {
+    // Times only of correct points: a wrong point's time means nothing.
+    let correct = v.failures.iter().all(|f| f.fence == Fence::Watchdog);
     let times = v
         .shapes
         .iter()
-        .filter(|s| !s.held_out)
+        .filter(|s| correct && !s.held_out)
         .filter_map(|s| Some(format!("{} {:.2} µs", s.shape, s.candidate_us?)))
         .collect::<Vec<_>>()
         .join(", ");

@@ -274,8 +274,8 @@ pub struct SearchPoint {
     pub defines: BTreeMap<String, i64>,
     /// `verified`, or the fence that rejected it and why, in one line.
     pub outcome: String,
-    /// Its time per declared shape, microseconds, by shape label (absent where it was
-    /// not timed).
+    /// Its time per declared shape, microseconds, by shape label: empty for a point whose
+    /// results were wrong (only times of correct points are worth comparing).
     pub times_us: BTreeMap<String, f64>,
 }
 
