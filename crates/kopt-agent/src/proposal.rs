@@ -33,10 +33,12 @@ pub struct Proposal {
     /// Further NVRTC options.
     #[serde(default)]
     pub options: Vec<String>,
-    /// Values to search around the candidate (define name -> values): the loop verifies
-    /// every combination (at most 16), each with the candidate's other defines, and keeps
-    /// the fastest that verifies. A key must be in `defines`, a tunable of the kernel, or
-    /// a name the source uses.
+    /// Values to search around the candidate (define name -> values): `cargo kopt
+    /// optimize` verifies every combination (at most 16 in all) with the candidate's other
+    /// defines, each counted as a candidate, and keeps the best that verifies by the rule
+    /// any candidate is judged by. A key must be in `defines`, a tunable of the kernel, or
+    /// a name the source uses. (The MCP server's `propose_variant` verifies the
+    /// candidate's own defines only; its `search` tool searches.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matrix: Option<BTreeMap<String, Vec<i64>>>,
 }
