@@ -605,12 +605,17 @@ fn a_candidates_matrix_is_searched_and_its_best_point_wins() {
     assert_eq!(best.id, "r1c1-m2");
     assert_eq!(best.defines["TILE"], 4);
     assert_eq!(resolved.proposal.defines["TILE"], 4);
-    let sweep = out.best_sweep.as_ref().expect("the sweep that chose the best");
+    let sweep = out
+        .best_sweep
+        .as_ref()
+        .expect("the sweep that chose the best");
     assert_eq!(sweep.base, "r1c1");
     assert_eq!(sweep.chosen.as_deref(), Some("r1c1-m2"));
     assert_eq!((sweep.planned, sweep.points.len()), (3, 4));
     assert_eq!(sweep.stopped, None);
-    assert!(events.iter().any(|e| matches!(e, run::Event::Sweep { id, points: 3 } if id == "r1c1")));
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, run::Event::Sweep { id, points: 3 } if id == "r1c1")));
     assert!(events.iter().any(|e| matches!(
         e,
         run::Event::SweepDone { evaluated: 3, points: 3, best: Some(b), stopped: None, .. } if b == "r1c1-m2"
@@ -648,7 +653,10 @@ fn failing_points_are_data_not_an_escalation() {
         "{v:?}"
     );
     for failed in &v[1..4] {
-        assert!(failed.2.starts_with("numerics"), "recorded with its verdict: {v:?}");
+        assert!(
+            failed.2.starts_with("numerics"),
+            "recorded with its verdict: {v:?}"
+        );
     }
     assert!(v[4].1, "TILE=4 verifies: {v:?}");
     // The second round's context carries the sweep, one line per point.
@@ -693,7 +701,12 @@ fn the_candidate_budget_cuts_a_matrix_short_and_keeps_the_best_so_far() {
     );
     assert!(events.iter().any(|e| matches!(
         e,
-        run::Event::SweepDone { evaluated: 2, points: 3, stopped: Some(_), .. }
+        run::Event::SweepDone {
+            evaluated: 2,
+            points: 3,
+            stopped: Some(_),
+            ..
+        }
     )));
 }
 
@@ -705,7 +718,11 @@ fn a_wrong_candidate_s_matrix_is_not_searched() {
     script(
         &rt,
         &server,
-        vec![openai(&matrix_proposal(&s, &[2, 4], "// kopt-fake: wrong-if TILE=1 y"))],
+        vec![openai(&matrix_proposal(
+            &s,
+            &[2, 4],
+            "// kopt-fake: wrong-if TILE=1 y",
+        ))],
     );
     let mut c = client(&server);
     let budget = Budget {
@@ -760,20 +777,36 @@ fn cargo_kopt_optimize_records_the_matrix_search_in_the_rationale() {
         .unwrap();
     assert!(o.status.success(), "{}", kopt_tests::text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["kernels"][0]["pending"], "llm-kernels/softmax/sm_90", "{v}");
-    let pending = ws.root.join("target/kopt/pending/llm-kernels/softmax/sm_90");
+    assert_eq!(
+        v["kernels"][0]["pending"], "llm-kernels/softmax/sm_90",
+        "{v}"
+    );
+    let pending = ws
+        .root
+        .join("target/kopt/pending/llm-kernels/softmax/sm_90");
     let variant = std::fs::read_to_string(pending.join("variant.toml")).unwrap();
-    assert!(variant.contains("sweep-r1c1-m2") && variant.contains("TILE = 4"), "{variant}");
+    assert!(
+        variant.contains("sweep-r1c1-m2") && variant.contains("TILE = 4"),
+        "{variant}"
+    );
     let r = kopt_spec::files::Rationale::parse(
         &std::fs::read_to_string(pending.join("rationale.json")).unwrap(),
     )
     .unwrap();
     let search = r.search.as_ref().expect("the search is recorded");
-    assert_eq!(search.chosen, "r1c1-m2", "TILE=4, the fastest that verified");
+    assert_eq!(
+        search.chosen, "r1c1-m2",
+        "TILE=4, the fastest that verified"
+    );
     let outcomes: Vec<(&str, &str)> = search
         .points
         .iter()
-        .map(|p| (p.point.as_str(), p.outcome.split([' ', ':']).next().unwrap()))
+        .map(|p| {
+            (
+                p.point.as_str(),
+                p.outcome.split([' ', ':']).next().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         outcomes,

@@ -920,7 +920,8 @@ pub fn optimize(
             }
             let matrix = r.proposal.matrix.clone().filter(|m| !m.is_empty());
             let base_won = out.best.as_ref().is_some_and(|b| b.0.id == id);
-            out.tried.push(Tried::of(round, &id, r.clone(), verdict.clone()));
+            out.tried
+                .push(Tried::of(round, &id, r.clone(), verdict.clone()));
             let Some(matrix) = matrix else { continue };
             // The candidate's matrix: searched only when the candidate itself is correct
             // (every fence passed but perhaps the watchdog: slower than the best is what

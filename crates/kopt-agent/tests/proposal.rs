@@ -156,9 +156,12 @@ fn a_matrix_names_defines_the_candidate_uses() {
         errs[0].contains("matrix key `n` is an argument of the kernel, not a define"),
         "{errs:?}"
     );
-    let errs = proposal::parse(&with_matrix(serde_json::json!({ "2X": [1] })), &s, BEST)
-        .unwrap_err();
-    assert!(errs[0].contains("`2X` is not a preprocessor name"), "{errs:?}");
+    let errs =
+        proposal::parse(&with_matrix(serde_json::json!({ "2X": [1] })), &s, BEST).unwrap_err();
+    assert!(
+        errs[0].contains("`2X` is not a preprocessor name"),
+        "{errs:?}"
+    );
 }
 
 #[test]

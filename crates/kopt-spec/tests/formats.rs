@@ -259,7 +259,12 @@ fn rationale_without_optional_parts() {
         stopped: Some("the candidates budget ran out".into()),
         points: vec![
             point("r1c1", 128, "verified", &[("n=4096", 3.5), ("n=64", 2.0)]),
-            point("r1c1-m1", 256, "verified", &[("n=4096", 2.5), ("n=64", 1.9)]),
+            point(
+                "r1c1-m1",
+                256,
+                "verified",
+                &[("n=4096", 2.5), ("n=64", 1.9)],
+            ),
             point("r1c1-m2", 512, "numerics: y[7] | differs", &[]),
         ],
     });

@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use kopt_spec::files::{
-    self, BottleneckSnapshot, BudgetUsed, Change, Claim, Diagnosis, OutputCheck,
-    ParameterSearch, Provenance, Rationale, Risk, ShapeFigures, Snapshots, Verification,
+    self, BottleneckSnapshot, BudgetUsed, Change, Claim, Diagnosis, OutputCheck, ParameterSearch,
+    Provenance, Rationale, Risk, ShapeFigures, Snapshots, Verification,
 };
 use kopt_spec::spec::Number;
 use serde::{Deserialize, Serialize};
