@@ -63,23 +63,27 @@ impl Setup {
         }
     }
 
-    /// The loop with `rules`, its events collected.
-    fn optimize_with_events(
+    /// The loop against a mock endpoint answering `replies` in order, its events
+    /// collected.
+    fn optimize_scripted(
         &self,
-        client: &mut Client,
+        replies: &[String],
         budget: &Budget,
-        rules: &Rules,
     ) -> (run::Outcome, Vec<run::Event>) {
+        let rt = runtime();
+        let server = rt.block_on(MockServer::start());
+        script(&rt, &server, replies.iter().map(|r| openai(r)).collect());
+        let mut c = client(&server);
         let mut engine = self.engine();
         let mut gpu = self.gpu(&mut engine);
         let mut events = Vec::new();
         let out = run::optimize(
             &self.task(),
-            client,
+            &mut c,
             None,
             &mut gpu,
             budget,
-            rules,
+            &Rules::default(),
             &mut |e| events.push(e),
         );
         (out, events)
@@ -148,6 +152,25 @@ fn matrix_proposal(s: &Setup, tiles: &[i64], more_directives: &str) -> String {
     v["proposals"][0]["defines"] = json!({ "TILE": 1 });
     v["proposals"][0]["matrix"] = json!({ "TILE": tiles });
     v.to_string()
+}
+
+/// An agent for `cargo kopt optimize --agent`: a script that answers every request with
+/// `text` (and a token count).
+fn scripted_agent(ws: &kopt_tests::ExampleWorkspace, text: &str) -> String {
+    let reply = json!({ "text": text, "usage": { "input_tokens": 900, "output_tokens": 100 } });
+    let reply_file = ws.root.join("reply.json");
+    std::fs::write(&reply_file, reply.to_string()).unwrap();
+    let script = ws.root.join("agent.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncat > /dev/null\ncat '{}'\n",
+            reply_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    format!("cmd:{}", script.display())
 }
 
 fn openai(text: &str) -> ResponseTemplate {
@@ -442,19 +465,7 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
     let ws = kopt_tests::ExampleWorkspace::new();
     let s = setup();
     // A scripted agent: whatever it is asked, one proposal 30% faster on the fake device.
-    let reply = json!({ "text": proposal(&s.source("// kopt-fake: speedup 1.3")), "usage": { "input_tokens": 900, "output_tokens": 100 } });
-    let reply_file = ws.root.join("reply.json");
-    std::fs::write(&reply_file, reply.to_string()).unwrap();
-    let script = ws.root.join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncat > /dev/null\ncat '{}'\n",
-            reply_file.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let agent = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.3")));
     let run = |args: &[&str]| {
         ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
             .output()
@@ -473,7 +484,6 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
         "{}",
         kopt_tests::text(&o)
     );
-    let agent = format!("cmd:{}", script.display());
     let o = run(&[
         "optimize",
         "softmax",
@@ -570,19 +580,11 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
 #[test]
 fn a_candidates_matrix_is_searched_and_its_best_point_wins() {
     let s = setup();
-    let rt = runtime();
-    let server = rt.block_on(MockServer::start());
-    script(
-        &rt,
-        &server,
-        vec![openai(&matrix_proposal(&s, &[1, 2, 4, 8], ""))],
-    );
-    let mut c = client(&server);
     let budget = Budget {
         rounds: 1,
         ..Budget::default()
     };
-    let (out, events) = s.optimize_with_events(&mut c, &budget, &Rules::default());
+    let (out, events) = s.optimize_scripted(&[matrix_proposal(&s, &[1, 2, 4, 8], "")], &budget);
     assert_eq!(out.stop, Stop::Rounds, "{:?}", out.stop);
     let v = verdicts(&out);
     let ids: Vec<&str> = v.iter().map(|t| t.0.as_str()).collect();
@@ -625,25 +627,20 @@ fn a_candidates_matrix_is_searched_and_its_best_point_wins() {
 #[test]
 fn failing_points_are_data_not_an_escalation() {
     let s = setup();
-    let rt = runtime();
-    let server = rt.block_on(MockServer::start());
     // Three points fail numerics the same way: three failures in a row and the same error
     // three times would each escalate an agent's proposals.
     let wrong = "// kopt-fake: wrong-if TILE=3 y\n// kopt-fake: wrong-if TILE=5 y\n// kopt-fake: wrong-if TILE=6 y";
-    script(
-        &rt,
-        &server,
-        vec![
-            openai(&matrix_proposal(&s, &[3, 5, 6, 4], wrong)),
-            openai(&proposal(&s.source("// kopt-fake: speedup 1.3"))),
-        ],
-    );
-    let mut c = client(&server);
     let budget = Budget {
         rounds: 2,
         ..Budget::default()
     };
-    let (out, _) = s.optimize_with_events(&mut c, &budget, &Rules::default());
+    let (out, _) = s.optimize_scripted(
+        &[
+            matrix_proposal(&s, &[3, 5, 6, 4], wrong),
+            proposal(&s.source("// kopt-fake: speedup 1.3")),
+        ],
+        &budget,
+    );
     assert_eq!(out.stop, Stop::Rounds, "{:?}", out.stop);
     let v = verdicts(&out);
     let ids: Vec<&str> = v.iter().map(|t| t.0.as_str()).collect();
@@ -671,19 +668,11 @@ fn failing_points_are_data_not_an_escalation() {
 #[test]
 fn the_candidate_budget_cuts_a_matrix_short_and_keeps_the_best_so_far() {
     let s = setup();
-    let rt = runtime();
-    let server = rt.block_on(MockServer::start());
-    script(
-        &rt,
-        &server,
-        vec![openai(&matrix_proposal(&s, &[2, 4, 8], ""))],
-    );
-    let mut c = client(&server);
     let budget = Budget {
         candidates: 3,
         ..Budget::default()
     };
-    let (out, events) = s.optimize_with_events(&mut c, &budget, &Rules::default());
+    let (out, events) = s.optimize_scripted(&[matrix_proposal(&s, &[2, 4, 8], "")], &budget);
     assert_eq!(
         out.stop,
         Stop::Budget {
@@ -713,23 +702,18 @@ fn the_candidate_budget_cuts_a_matrix_short_and_keeps_the_best_so_far() {
 #[test]
 fn a_wrong_candidate_s_matrix_is_not_searched() {
     let s = setup();
-    let rt = runtime();
-    let server = rt.block_on(MockServer::start());
-    script(
-        &rt,
-        &server,
-        vec![openai(&matrix_proposal(
-            &s,
-            &[2, 4],
-            "// kopt-fake: wrong-if TILE=1 y",
-        ))],
-    );
-    let mut c = client(&server);
     let budget = Budget {
         rounds: 1,
         ..Budget::default()
     };
-    let (out, events) = s.optimize_with_events(&mut c, &budget, &Rules::default());
+    let (out, events) = s.optimize_scripted(
+        &[matrix_proposal(
+            &s,
+            &[2, 4],
+            "// kopt-fake: wrong-if TILE=1 y",
+        )],
+        &budget,
+    );
     assert_eq!(out.tried.len(), 1, "{:?}", verdicts(&out));
     assert!(out.best.is_none());
     assert!(events.iter().any(|e| matches!(
@@ -742,20 +726,10 @@ fn a_wrong_candidate_s_matrix_is_not_searched() {
 fn cargo_kopt_optimize_records_the_matrix_search_in_the_rationale() {
     let ws = kopt_tests::ExampleWorkspace::new();
     let s = setup();
-    let reply = json!({ "text": matrix_proposal(&s, &[1, 2, 4, 8], "// kopt-fake: wrong-if TILE=2 y"), "usage": { "input_tokens": 900, "output_tokens": 100 } });
-    let reply_file = ws.root.join("reply.json");
-    std::fs::write(&reply_file, reply.to_string()).unwrap();
-    let script = ws.root.join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncat > /dev/null\ncat '{}'\n",
-            reply_file.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let agent = format!("cmd:{}", script.display());
+    let agent = scripted_agent(
+        &ws,
+        &matrix_proposal(&s, &[1, 2, 4, 8], "// kopt-fake: wrong-if TILE=2 y"),
+    );
     let o = ws
         .kopt_on_fake(
             Path::new(env!("CARGO_BIN_EXE_cargo-kopt")),
