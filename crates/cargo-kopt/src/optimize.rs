@@ -434,7 +434,7 @@ fn optimize_kernel(
                     best,
                     stopped,
                 } => format!(
-                    "{id}'s matrix: {evaluated} of {points} point(s) verified{}{}",
+                    "{id}'s matrix: {evaluated} of {points} point(s) evaluated{}{}",
                     best.as_ref()
                         .map(|b| format!(", best {b}"))
                         .unwrap_or_default(),

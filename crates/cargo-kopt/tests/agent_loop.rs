@@ -718,7 +718,7 @@ fn a_wrong_candidate_s_matrix_is_not_searched() {
     assert!(out.best.is_none());
     assert!(events.iter().any(|e| matches!(
         e,
-        run::Event::SweepDone { evaluated: 0, stopped: Some(why), .. } if why.contains("failed the numerics fence")
+        run::Event::SweepDone { evaluated: 0, points: 2, stopped: Some(why), .. } if why.contains("failed the numerics fence")
     )));
 }
 

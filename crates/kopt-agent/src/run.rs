@@ -358,15 +358,7 @@ struct SweepEnd {
 /// agent repeating an error.
 fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_>) -> SweepEnd {
     let base_defines = c.base.defines.clone();
-    let points: Vec<BTreeMap<String, i64>> = proposal::matrix_points(c.matrix)
-        .into_iter()
-        .map(|values| {
-            let mut d = base_defines.clone();
-            d.extend(values);
-            d
-        })
-        .filter(|d| *d != base_defines)
-        .collect();
+    let points = other_points(&base_defines, c.matrix);
     let mut sweep = MatrixSweep {
         base: c.id.to_string(),
         matrix: c.matrix.clone(),
@@ -482,6 +474,23 @@ fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_>) -> SweepEnd {
         st.out.best_sweep = Some(sweep);
     }
     end
+}
+
+/// The full defines of every point of `matrix` but the candidate's own (`base`), in the
+/// order of [`proposal::matrix_points`].
+fn other_points(
+    base: &BTreeMap<String, i64>,
+    matrix: &BTreeMap<String, Vec<i64>>,
+) -> Vec<BTreeMap<String, i64>> {
+    proposal::matrix_points(matrix)
+        .into_iter()
+        .map(|values| {
+            let mut d = base.clone();
+            d.extend(values);
+            d
+        })
+        .filter(|d| d != base)
+        .collect()
 }
 
 /// A point's line of the sweep's feedback: its defines, its verdict, its time per shape.
@@ -939,7 +948,7 @@ pub fn optimize(
                 on(Event::SweepDone {
                     id: id.clone(),
                     evaluated: 0,
-                    points: 0,
+                    points: other_points(&version.defines, &matrix).len(),
                     best: None,
                     stopped: Some(reason),
                 });
