@@ -611,6 +611,7 @@ impl Session {
                     tokens: None,
                     cost_usd: None,
                 },
+                sweep: None,
             })
             .map_err(internal)?;
             let kopt = KoptDir::new(&self.g.target_dir);

@@ -15,7 +15,7 @@ use kopt_agent::session::{Recorder, Replay};
 use kopt_engine::engine::Engine;
 use kopt_engine::job::{EvalJob, KernelVersion};
 use kopt_engine::pool::{DeviceSelection, Slot};
-use kopt_engine::verdict::{Judge, Verdict};
+use kopt_engine::verdict::{Fence, Judge, Verdict};
 use kopt_spec::files::{self, VariantFile, VerifiedBy};
 use kopt_store::evidence::{self, Evidence, NumericEvidence, NumericResult, ShapeMeasurement};
 use kopt_store::journal::{Event, Journal};
@@ -424,6 +424,25 @@ fn optimize_kernel(
                 run::Event::Review { id, objections } => {
                     format!("{id}: {objections} objection(s)")
                 }
+                run::Event::Sweep { id, points } => {
+                    format!("searching {id}'s matrix: {points} more point(s)")
+                }
+                run::Event::SweepDone {
+                    id,
+                    evaluated,
+                    points,
+                    best,
+                    stopped,
+                } => format!(
+                    "{id}'s matrix: {evaluated} of {points} point(s) evaluated{}{}",
+                    best.as_ref()
+                        .map(|b| format!(", best {b}"))
+                        .unwrap_or_default(),
+                    stopped
+                        .as_ref()
+                        .map(|s| format!(" ({s})"))
+                        .unwrap_or_default()
+                ),
             };
             progress(&format!(
                 "{name}: {round} | best {} | {accepted} accepted, {rejected} rejected",
@@ -466,11 +485,15 @@ fn optimize_kernel(
             kernel: name.clone(),
             round: t.round,
             candidate: t.id.clone(),
-            summary: t
-                .resolved
-                .as_ref()
-                .map(|r| r.proposal.diagnosis.summary.clone())
-                .unwrap_or_default(),
+            summary: match (&t.point, &t.resolved) {
+                (Some(p), _) => format!(
+                    "a point of {}'s matrix, searched by the loop: {}",
+                    p.base,
+                    p.describe()
+                ),
+                (None, Some(r)) => r.proposal.diagnosis.summary.clone(),
+                (None, None) => String::new(),
+            },
             artefacts,
         });
         let _ = journal.append(Event::Verdict {
@@ -549,6 +572,7 @@ fn optimize_kernel(
                 tokens: Some(outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens),
                 cost_usd: Some(outcome.spend.dollars),
             },
+            sweep: outcome.best_sweep.as_ref(),
         }) {
             Ok(p) => p,
             Err(e) => {
@@ -598,6 +622,9 @@ pub struct Winner<'a> {
     pub session: &'a std::path::Path,
     pub root: &'a std::path::Path,
     pub budget: files::BudgetUsed,
+    /// The loop's sweep of the agent's matrix that chose the winner's defines, if one did:
+    /// the rationale records it with every point's time per shape.
+    pub sweep: Option<&'a run::MatrixSweep>,
 }
 
 /// The pending variant of a verified winner, its rationale built (and checked) from the
@@ -655,12 +682,25 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
         }
     }
     let fences_passed = "numerics on poisoned outputs (candidate before and after the reference), unmodified inputs, held-out shapes, the re-check after timing, the roofline bound and the watchdog";
+    let search = w.sweep.map(|s| parameter_search(s, version));
+    let summary = match &search {
+        Some(s) if s.chosen != version.id || s.points.len() > 1 => {
+            let said = p.diagnosis.summary.trim_end();
+            format!(
+                "{said}{} Its defines ({}) were chosen by the optimisation loop's search over the agent's parameter matrix, among the {} point(s) it verified in full (see Parameter search).",
+                if said.ends_with('.') { "" } else { "." },
+                run::describe_defines(&version.defines),
+                s.points.len()
+            )
+        }
+        _ => p.diagnosis.summary.clone(),
+    };
     let e = Evidence {
         kernel: k.spec.name.clone(),
         variant: variant_id.clone(),
         arch: arch.to_string(),
         claim: None,
-        summary: p.diagnosis.summary.clone(),
+        summary,
         snapshot_before,
         snapshot_after: None,
         diagnosis: files::Diagnosis {
@@ -711,6 +751,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
             seeds: verdict.seeds.clone(),
         },
         measurements,
+        search,
         device: evidence::Device {
             name: device_name.to_string(),
             driver: format!("CUDA {}.{}", driver_api / 1000, (driver_api % 1000) / 10),
@@ -786,6 +827,62 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
     };
     p.validate().map_err(|e| e.to_string())?;
     Ok(p)
+}
+
+/// The rationale's record of a matrix sweep: how the point was chosen, and every point's
+/// defines, outcome and time per declared shape.
+fn parameter_search(s: &run::MatrixSweep, winner: &KernelVersion) -> files::ParameterSearch {
+    let chosen = s.chosen.clone().unwrap_or_else(|| winner.id.clone());
+    let combos: usize = s.matrix.values().map(Vec::len).product();
+    let kept = if chosen == s.base {
+        format!("no other point beat the agent's own defines, so `{chosen}` (the agent's candidate) was kept")
+    } else {
+        format!("`{chosen}` is the last point that rule took, so its defines replace the agent's")
+    };
+    files::ParameterSearch {
+        method: format!(
+            "The optimisation loop's exhaustive sweep of the agent's parameter matrix ({combos} combination(s) of {}, over the candidate `{}` and its other defines): every point verified in full by the same engine and fences as any candidate (numerics on fresh inputs, held-out shapes, the watchdog), one after another, each judged by the loop's rule for a new best (every fence passed, and faster than the best so far by the minimum gain on some shape); {kept}.",
+            s.matrix.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
+            s.base,
+        ),
+        matrix: s.matrix.clone(),
+        chosen,
+        stopped: s.stopped.clone(),
+        points: s
+            .points
+            .iter()
+            .map(|p| files::SearchPoint {
+                point: p.id.clone(),
+                defines: p
+                    .defines
+                    .iter()
+                    .filter(|(k, _)| s.matrix.contains_key(*k))
+                    .map(|(k, v)| (k.clone(), *v))
+                    .collect(),
+                // The verdict's first line up to its details (seeds, neighbourhoods).
+                outcome: match p.verdict.failures.first() {
+                    None => "verified".into(),
+                    Some(_) => {
+                        let summary = p.verdict.summary();
+                        let line = summary.lines().next().unwrap_or("");
+                        line.split("; ").next().unwrap_or(line).to_string()
+                    }
+                },
+                // Times only of correct points: a point that computed wrong results has
+                // no time worth comparing (the watchdog's rejection is about time alone).
+                times_us: if p.verdict.failures.iter().all(|f| f.fence == Fence::Watchdog) {
+                    p.verdict
+                        .shapes
+                        .iter()
+                        .filter(|sh| !sh.held_out)
+                        .filter_map(|sh| Some((sh.shape.clone(), sh.candidate_us?)))
+                        .collect()
+                } else {
+                    BTreeMap::new()
+                },
+            })
+            .collect(),
+    }
 }
 
 /// Up to five similar past cases, by structure and identifiers (no metric vector until a

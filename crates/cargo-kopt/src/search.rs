@@ -1167,6 +1167,7 @@ fn save_winner(
             tokens: None,
             cost_usd: None,
         },
+        sweep: None,
     })?;
     let kopt = KoptDir::new(&g.target_dir);
     kopt_store::pending::save(&kopt, &pending).map_err(|e| e.to_string())?;

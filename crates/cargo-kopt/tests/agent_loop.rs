@@ -63,6 +63,32 @@ impl Setup {
         }
     }
 
+    /// The loop against a mock endpoint answering `replies` in order, its events
+    /// collected.
+    fn optimize_scripted(
+        &self,
+        replies: &[String],
+        budget: &Budget,
+    ) -> (run::Outcome, Vec<run::Event>) {
+        let rt = runtime();
+        let server = rt.block_on(MockServer::start());
+        script(&rt, &server, replies.iter().map(|r| openai(r)).collect());
+        let mut c = client(&server);
+        let mut engine = self.engine();
+        let mut gpu = self.gpu(&mut engine);
+        let mut events = Vec::new();
+        let out = run::optimize(
+            &self.task(),
+            &mut c,
+            None,
+            &mut gpu,
+            budget,
+            &Rules::default(),
+            &mut |e| events.push(e),
+        );
+        (out, events)
+    }
+
     fn task(&self) -> Task<'_> {
         let k = self.kernel();
         Task {
@@ -113,6 +139,38 @@ fn proposal(source: &str) -> String {
         "candidate": { "source": source }
     }]})
     .to_string()
+}
+
+/// A proposal with defines `TILE` = 1 and a matrix over `TILE`: on the fake device `TILE`
+/// scales the candidate's time by the table below (each of 1, 2 and 4 more than 3% faster
+/// than the one before, 8 slower than 4; the fastest stays under the copy-bandwidth bound).
+fn matrix_proposal(s: &Setup, tiles: &[i64], more_directives: &str) -> String {
+    let source = s.source(&format!(
+        "// kopt-fake: time-table TILE=1:0.95 TILE=2:0.9 TILE=4:0.75 TILE=8:0.8\n{more_directives}"
+    ));
+    let mut v: serde_json::Value = serde_json::from_str(&proposal(&source)).unwrap();
+    v["proposals"][0]["defines"] = json!({ "TILE": 1 });
+    v["proposals"][0]["matrix"] = json!({ "TILE": tiles });
+    v.to_string()
+}
+
+/// An agent for `cargo kopt optimize --agent`: a script that answers every request with
+/// `text` (and a token count).
+fn scripted_agent(ws: &kopt_tests::ExampleWorkspace, text: &str) -> String {
+    let reply = json!({ "text": text, "usage": { "input_tokens": 900, "output_tokens": 100 } });
+    let reply_file = ws.root.join("reply.json");
+    std::fs::write(&reply_file, reply.to_string()).unwrap();
+    let script = ws.root.join("agent.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncat > /dev/null\ncat '{}'\n",
+            reply_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    format!("cmd:{}", script.display())
 }
 
 fn openai(text: &str) -> ResponseTemplate {
@@ -407,19 +465,7 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
     let ws = kopt_tests::ExampleWorkspace::new();
     let s = setup();
     // A scripted agent: whatever it is asked, one proposal 30% faster on the fake device.
-    let reply = json!({ "text": proposal(&s.source("// kopt-fake: speedup 1.3")), "usage": { "input_tokens": 900, "output_tokens": 100 } });
-    let reply_file = ws.root.join("reply.json");
-    std::fs::write(&reply_file, reply.to_string()).unwrap();
-    let script = ws.root.join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncat > /dev/null\ncat '{}'\n",
-            reply_file.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let agent = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.3")));
     let run = |args: &[&str]| {
         ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
             .output()
@@ -438,7 +484,6 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
         "{}",
         kopt_tests::text(&o)
     );
-    let agent = format!("cmd:{}", script.display());
     let o = run(&[
         "optimize",
         "softmax",
@@ -530,4 +575,237 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
     let o = run(&["optimize", "softmax", "--agent", "gpt4"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("`gpt4` is not an agent"));
+}
+
+#[test]
+fn a_candidates_matrix_is_searched_and_its_best_point_wins() {
+    let s = setup();
+    let budget = Budget {
+        rounds: 1,
+        ..Budget::default()
+    };
+    let (out, events) = s.optimize_scripted(&[matrix_proposal(&s, &[1, 2, 4, 8], "")], &budget);
+    assert_eq!(out.stop, Stop::Rounds, "{:?}", out.stop);
+    let v = verdicts(&out);
+    let ids: Vec<&str> = v.iter().map(|t| t.0.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["r1c1", "r1c1-m1", "r1c1-m2", "r1c1-m3"],
+        "the candidate, then every other point of its matrix: {v:?}"
+    );
+    let points: Vec<String> = out
+        .tried
+        .iter()
+        .map(|t| t.point.as_ref().map(|p| p.describe()).unwrap_or_default())
+        .collect();
+    assert_eq!(points, ["", "TILE=2", "TILE=4", "TILE=8"]);
+    // Each point is judged against the best so far: TILE=2 and TILE=4 improve on it,
+    // TILE=8 is slower than TILE=4 and fails the watchdog (data, not an escalation).
+    assert!(v[0].1 && v[1].1 && v[2].1, "{v:?}");
+    assert!(v[3].2.starts_with("watchdog"), "{v:?}");
+    let (best, resolved, _) = out.best.as_ref().expect("a best");
+    assert_eq!(best.id, "r1c1-m2");
+    assert_eq!(best.defines["TILE"], 4);
+    assert_eq!(resolved.proposal.defines["TILE"], 4);
+    let sweep = out
+        .best_sweep
+        .as_ref()
+        .expect("the sweep that chose the best");
+    assert_eq!(sweep.base, "r1c1");
+    assert_eq!(sweep.chosen.as_deref(), Some("r1c1-m2"));
+    assert_eq!((sweep.planned, sweep.points.len()), (3, 4));
+    assert_eq!(sweep.stopped, None);
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, run::Event::Sweep { id, points: 3 } if id == "r1c1")));
+    assert!(events.iter().any(|e| matches!(
+        e,
+        run::Event::SweepDone { evaluated: 3, points: 3, best: Some(b), stopped: None, .. } if b == "r1c1-m2"
+    )));
+}
+
+#[test]
+fn failing_points_are_data_not_an_escalation() {
+    let s = setup();
+    // Three points fail numerics the same way: three failures in a row and the same error
+    // three times would each escalate an agent's proposals.
+    let wrong = "// kopt-fake: wrong-if TILE=3 y\n// kopt-fake: wrong-if TILE=5 y\n// kopt-fake: wrong-if TILE=6 y";
+    let budget = Budget {
+        rounds: 2,
+        ..Budget::default()
+    };
+    let (out, _) = s.optimize_scripted(
+        &[
+            matrix_proposal(&s, &[3, 5, 6, 4], wrong),
+            proposal(&s.source("// kopt-fake: speedup 1.3")),
+        ],
+        &budget,
+    );
+    assert_eq!(out.stop, Stop::Rounds, "{:?}", out.stop);
+    let v = verdicts(&out);
+    let ids: Vec<&str> = v.iter().map(|t| t.0.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["r1c1", "r1c1-m1", "r1c1-m2", "r1c1-m3", "r1c1-m4", "r2c1"],
+        "{v:?}"
+    );
+    for failed in &v[1..4] {
+        assert!(
+            failed.2.starts_with("numerics"),
+            "recorded with its verdict: {v:?}"
+        );
+    }
+    assert!(v[4].1, "TILE=4 verifies: {v:?}");
+    // The second round's context carries the sweep, one line per point.
+    let round2 = &out.transcript[1].0.messages[0].content;
+    assert!(
+        round2.contains("r1c1-m1 (TILE=3): rejected: numerics")
+            && round2.contains("r1c1-m4 (TILE=4): verified"),
+        "{round2}"
+    );
+}
+
+#[test]
+fn the_candidate_budget_cuts_a_matrix_short_and_keeps_the_best_so_far() {
+    let s = setup();
+    let budget = Budget {
+        candidates: 3,
+        ..Budget::default()
+    };
+    let (out, events) = s.optimize_scripted(&[matrix_proposal(&s, &[2, 4, 8], "")], &budget);
+    assert_eq!(
+        out.stop,
+        Stop::Budget {
+            which: "candidates".into()
+        }
+    );
+    let ids: Vec<String> = out.tried.iter().map(|t| t.id.clone()).collect();
+    assert_eq!(ids, ["r1c1", "r1c1-m1", "r1c1-m2"], "TILE=8 never ran");
+    assert_eq!(out.best.as_ref().unwrap().0.defines["TILE"], 4);
+    let sweep = out.best_sweep.as_ref().unwrap();
+    assert_eq!(sweep.chosen.as_deref(), Some("r1c1-m2"));
+    assert_eq!(
+        sweep.stopped.as_deref(),
+        Some("the candidates budget ran out")
+    );
+    assert!(events.iter().any(|e| matches!(
+        e,
+        run::Event::SweepDone {
+            evaluated: 2,
+            points: 3,
+            stopped: Some(_),
+            ..
+        }
+    )));
+}
+
+#[test]
+fn a_wrong_candidate_s_matrix_is_not_searched() {
+    let s = setup();
+    let budget = Budget {
+        rounds: 1,
+        ..Budget::default()
+    };
+    let (out, events) = s.optimize_scripted(
+        &[matrix_proposal(
+            &s,
+            &[2, 4],
+            "// kopt-fake: wrong-if TILE=1 y",
+        )],
+        &budget,
+    );
+    assert_eq!(out.tried.len(), 1, "{:?}", verdicts(&out));
+    assert!(out.best.is_none());
+    assert!(events.iter().any(|e| matches!(
+        e,
+        run::Event::SweepDone { evaluated: 0, points: 2, stopped: Some(why), .. } if why.contains("failed the numerics fence")
+    )));
+}
+
+#[test]
+fn cargo_kopt_optimize_records_the_matrix_search_in_the_rationale() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    let agent = scripted_agent(
+        &ws,
+        &matrix_proposal(&s, &[1, 2, 4, 8], "// kopt-fake: wrong-if TILE=2 y"),
+    );
+    let o = ws
+        .kopt_on_fake(
+            Path::new(env!("CARGO_BIN_EXE_cargo-kopt")),
+            &[
+                "optimize",
+                "softmax",
+                "--no-ncu",
+                "--agent",
+                &agent,
+                "--budget",
+                "rounds=1",
+                "--run",
+                "sweep",
+                "--message-format",
+                "json",
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["kernels"][0]["pending"], "llm-kernels/softmax/sm_90",
+        "{v}"
+    );
+    let pending = ws
+        .root
+        .join("target/kopt/pending/llm-kernels/softmax/sm_90");
+    let variant = std::fs::read_to_string(pending.join("variant.toml")).unwrap();
+    assert!(
+        variant.contains("sweep-r1c1-m2") && variant.contains("TILE = 4"),
+        "{variant}"
+    );
+    let r = kopt_spec::files::Rationale::parse(
+        &std::fs::read_to_string(pending.join("rationale.json")).unwrap(),
+    )
+    .unwrap();
+    let search = r.search.as_ref().expect("the search is recorded");
+    assert_eq!(
+        search.chosen, "r1c1-m2",
+        "TILE=4, the fastest that verified"
+    );
+    let outcomes: Vec<(&str, &str)> = search
+        .points
+        .iter()
+        .map(|p| {
+            (
+                p.point.as_str(),
+                p.outcome.split([' ', ':']).next().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("r1c1", "verified"),
+            ("r1c1-m1", "numerics"),
+            ("r1c1-m2", "verified"),
+            ("r1c1-m3", "watchdog")
+        ]
+    );
+    assert!(
+        search.points[2].times_us.len() == 4 && search.points[1].times_us.is_empty(),
+        "every declared shape's time of a timed point: {search:?}"
+    );
+    let md = r.render_markdown();
+    assert!(
+        md.contains("chosen by the optimisation loop's search over the agent's parameter matrix")
+            && md.contains("## Parameter search")
+            && md.contains("| **r1c1-m2** (chosen) | 4 | verified |"),
+        "{md}"
+    );
+    let journal =
+        std::fs::read_to_string(ws.root.join("target/kopt/runs/sweep/journal.jsonl")).unwrap();
+    assert!(
+        journal.contains("a point of r1c1's matrix, searched by the loop: TILE=8"),
+        "every point is in the journal"
+    );
 }

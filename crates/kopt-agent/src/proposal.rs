@@ -33,9 +33,41 @@ pub struct Proposal {
     /// Further NVRTC options.
     #[serde(default)]
     pub options: Vec<String>,
-    /// Values to search around the candidate (tunable name -> values).
+    /// Values to search around the candidate (define name -> values): `cargo kopt
+    /// optimize` verifies every combination (at most 16 in all) with the candidate's other
+    /// defines, each counted as a candidate, and keeps the best that verifies by the rule
+    /// any candidate is judged by. A key must be in `defines`, a tunable of the kernel, or
+    /// a name the source uses. (The MCP server's `propose_variant` verifies the
+    /// candidate's own defines only; its `search` tool searches.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matrix: Option<BTreeMap<String, Vec<i64>>>,
+}
+
+/// The most points a proposal's `matrix` may hold (the product of its value counts):
+/// each point is a full verification counted against the candidate budget, so a matrix
+/// is a short list of values the agent expects to matter, not a search space.
+pub const MAX_MATRIX_POINTS: usize = 16;
+
+/// Every combination of a matrix's values, in a fixed order: keys in name order, the last
+/// key's values changing fastest, each key's values in the order given.
+pub fn matrix_points(matrix: &BTreeMap<String, Vec<i64>>) -> Vec<BTreeMap<String, i64>> {
+    let mut points = vec![BTreeMap::new()];
+    for (name, values) in matrix {
+        points = points
+            .into_iter()
+            .flat_map(|p| {
+                values.iter().map(move |v| {
+                    let mut q = p.clone();
+                    q.insert(name.clone(), *v);
+                    q
+                })
+            })
+            .collect();
+    }
+    if matrix.is_empty() {
+        points.clear();
+    }
+    points
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -211,6 +243,9 @@ fn resolve(p: Proposal, spec: &KernelSpec, current_best: &str) -> Result<Resolve
             }
         }
     }
+    if let Some(m) = &p.matrix {
+        check_matrix(m, &p, spec, source.as_deref(), &mut errors);
+    }
     for o in &p.options {
         if !o.starts_with('-') || o.starts_with("-I") || o.starts_with("--include-path") {
             errors.push(format!(
@@ -224,6 +259,80 @@ fn resolve(p: Proposal, spec: &KernelSpec, current_best: &str) -> Result<Resolve
             source,
         }),
         _ => Err(errors),
+    }
+}
+
+/// The matrix rule: every key is a preprocessor name the candidate uses (a key of its
+/// `defines`, a tunable of the kernel, or an identifier of its source outside comments;
+/// a launch rule can only name those), never an argument of the kernel; every key lists
+/// values, each once; and the combinations number at most [`MAX_MATRIX_POINTS`]. An
+/// empty matrix (`{}`) asks for nothing and passes.
+fn check_matrix(
+    m: &BTreeMap<String, Vec<i64>>,
+    p: &Proposal,
+    spec: &KernelSpec,
+    source: Option<&str>,
+    errors: &mut Vec<String>,
+) {
+    let code = source.map(kopt_store::features::strip_comments);
+    let used = |name: &str| {
+        p.defines.contains_key(name)
+            || spec.tunables.iter().any(|t| t.name == name)
+            || code.as_deref().is_some_and(|c| {
+                c.split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                    .any(|w| w == name)
+            })
+    };
+    for (name, values) in m {
+        let identifier = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !identifier {
+            errors.push(format!(
+                "matrix key `{name}` is not a preprocessor name (ASCII letters, digits and `_`, not starting with a digit)"
+            ));
+            continue;
+        }
+        if spec.params.iter().any(|q| q.name() == name) {
+            errors.push(format!(
+                "matrix key `{name}` is an argument of the kernel, not a define: the matrix searches defines only"
+            ));
+            continue;
+        }
+        if !used(name) {
+            errors.push(format!(
+                "matrix key `{name}` is not a define the candidate uses: list it in `defines` (with the candidate's own value) or use it in the source, or drop it from `matrix`"
+            ));
+        }
+        if values.is_empty() {
+            errors.push(format!(
+                "matrix `{name}` lists no values: give at least one, or drop the key"
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for v in values {
+            if !seen.insert(*v) {
+                errors.push(format!(
+                    "matrix `{name}` lists {v} more than once: give each value once"
+                ));
+                break;
+            }
+        }
+    }
+    let points = m
+        .values()
+        .fold(1usize, |n, v| n.saturating_mul(v.len().max(1)));
+    if !m.is_empty() && points > MAX_MATRIX_POINTS {
+        let counts = m
+            .iter()
+            .map(|(k, v)| format!("{} `{k}`", v.len()))
+            .collect::<Vec<_>>()
+            .join(" x ");
+        errors.push(format!(
+            "the matrix has {points} points ({counts}), more than the {MAX_MATRIX_POINTS} the loop verifies for one candidate: keep the values you expect to matter (at most {MAX_MATRIX_POINTS} combinations)"
+        ));
     }
 }
 

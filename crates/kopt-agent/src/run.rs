@@ -8,6 +8,15 @@
 //!   the same first message line) comes back twice after its first occurrence, or when 3
 //!   compiled candidates in a row fail verification;
 //! - budgets cap rounds, candidates, wall time, tokens and dollars.
+//!
+//! A proposal's `matrix` is searched by the loop itself, exhaustively (at most
+//! [`proposal::MAX_MATRIX_POINTS`] points): once the candidate's own defines passed every
+//! fence but perhaps the watchdog, each other combination of the matrix's values is built
+//! from the same source and verified in full through the same [`Evaluate`], with an id
+//! `<candidate>-m<k>`, and judged by the same rule as any candidate ([`improvement`]).
+//! Each point counts against the candidate budget; a budget that runs out mid-matrix
+//! stops the sweep and the loop, the best so far kept. A failing point is recorded in
+//! `tried` with its verdict but never counts towards an escalation.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -122,6 +131,74 @@ pub struct Tried {
     pub verdict: Option<Verdict>,
     /// Why it never reached verification (a malformed reply after its repair).
     pub error: Option<String>,
+    /// Set for a point of a candidate's matrix that the loop searched (not a proposal of
+    /// the agent's own): which candidate, and the values the point gives the matrix keys.
+    pub point: Option<MatrixPoint>,
+}
+
+impl Tried {
+    /// A proposal of the agent's that was verified.
+    fn of(round: u32, id: &str, resolved: Resolved, verdict: Verdict) -> Self {
+        Tried {
+            round,
+            id: id.to_string(),
+            resolved: Some(resolved),
+            verdict: Some(verdict),
+            error: None,
+            point: None,
+        }
+    }
+}
+
+/// A point of a candidate's matrix.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MatrixPoint {
+    /// The candidate whose matrix it belongs to (`r1c2`).
+    pub base: String,
+    /// The matrix keys' values at this point; the candidate's other defines are kept.
+    pub values: BTreeMap<String, i64>,
+}
+
+impl MatrixPoint {
+    /// `BLOCK=256 VEC=4`.
+    pub fn describe(&self) -> String {
+        describe_defines(&self.values)
+    }
+}
+
+/// `NAME=value` pairs in name order, space-separated.
+pub fn describe_defines(d: &BTreeMap<String, i64>) -> String {
+    d.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The loop's exhaustive sweep of one candidate's matrix: every point verified in full
+/// through [`Evaluate`], the candidate itself (its own defines) first.
+#[derive(Debug, Clone)]
+pub struct MatrixSweep {
+    /// The candidate (`r1c2`).
+    pub base: String,
+    /// The matrix as the agent gave it.
+    pub matrix: BTreeMap<String, Vec<i64>>,
+    /// The points in the order they were verified, the candidate's own first; each
+    /// point's `defines` are its full defines.
+    pub points: Vec<SweptPoint>,
+    /// How many points the matrix asked for beyond the candidate's own defines.
+    pub planned: usize,
+    /// The point that is the loop's best after the sweep, when one of this sweep's is.
+    pub chosen: Option<String>,
+    /// Why the sweep ended before its last point (the budget that ran out).
+    pub stopped: Option<String>,
+}
+
+/// One verified point of a sweep.
+#[derive(Debug, Clone)]
+pub struct SweptPoint {
+    pub id: String,
+    pub defines: BTreeMap<String, i64>,
+    pub verdict: Verdict,
 }
 
 /// The end of a task.
@@ -132,6 +209,9 @@ pub struct Outcome {
     pub tried: Vec<Tried>,
     /// The best verified candidate, if it beats the reference.
     pub best: Option<(KernelVersion, Resolved, Verdict)>,
+    /// The matrix sweep the best came out of, when its candidate had a matrix (the best
+    /// is then the sweep's `chosen` point, perhaps the candidate's own defines).
+    pub best_sweep: Option<MatrixSweep>,
     pub spend: Spend,
     /// Every request and reply, in order (the transcript; the recorder keeps it on disk).
     pub transcript: Vec<(ChatRequest, Result<String, String>)>,
@@ -164,6 +244,280 @@ pub enum Event {
         id: String,
         objections: usize,
     },
+    /// The loop starts verifying the points of candidate `id`'s matrix.
+    Sweep {
+        id: String,
+        points: usize,
+    },
+    /// The sweep of `id`'s matrix ended: `evaluated` of `points` verified, the point that
+    /// is the best now if one of them is, and why it stopped early (or was not searched).
+    SweepDone {
+        id: String,
+        evaluated: usize,
+        points: usize,
+        best: Option<String>,
+        stopped: Option<String>,
+    },
+}
+
+/// The current best as the loop carries it: the version candidates are built from and
+/// compared with, its time per shape (the watchdog's yardstick; `None` for the
+/// reference, timed in each job), and its figures for the context.
+struct LoopBest {
+    version: KernelVersion,
+    us: Option<BTreeMap<String, f64>>,
+    figures: Vec<String>,
+}
+
+impl LoopBest {
+    fn label(&self) -> String {
+        self.version.id.clone()
+    }
+
+    /// Makes a verified candidate the best.
+    fn adopt(&mut self, version: &KernelVersion, verdict: &Verdict) {
+        self.us = Some(
+            verdict
+                .shapes
+                .iter()
+                .filter_map(|s| s.candidate_us.map(|t| (s.shape.clone(), t)))
+                .collect(),
+        );
+        self.figures = verdict
+            .shapes
+            .iter()
+            .filter(|s| !s.held_out)
+            .filter_map(|s| {
+                Some(format!(
+                    "{}: {:.2} µs ({:.2}x the reference){}",
+                    s.shape,
+                    s.candidate_us?,
+                    s.speedup.unwrap_or(1.0),
+                    s.copy_bandwidth_pct
+                        .map(|p| format!(", {p:.1}% of copy bandwidth"))
+                        .unwrap_or_default()
+                ))
+            })
+            .collect();
+        self.version = version.clone();
+    }
+}
+
+/// The loop's rule for a new best: every fence passed, and faster than the current best
+/// by more than `rules.min_gain` on some shape. Returns that largest per-shape gain.
+pub fn improvement(verdict: &Verdict, rules: &Rules) -> Option<f64> {
+    if !verdict.failures.is_empty() {
+        return None;
+    }
+    let gain = verdict
+        .comparisons
+        .iter()
+        .map(|c| c.speedup)
+        .fold(0.0, f64::max);
+    (gain > 1.0 + rules.min_gain).then_some(gain)
+}
+
+/// The candidate whose matrix is searched.
+struct SweepInput<'a> {
+    round: u32,
+    id: &'a str,
+    base: &'a KernelVersion,
+    base_verdict: &'a Verdict,
+    resolved: &'a Resolved,
+    matrix: &'a BTreeMap<String, Vec<i64>>,
+    /// Whether the candidate's own defines just became the best.
+    base_won: bool,
+}
+
+/// What a sweep reads and moves of the loop's state.
+struct SweepState<'a> {
+    evaluator: &'a mut dyn Evaluate,
+    best: &'a mut LoopBest,
+    out: &'a mut Outcome,
+    candidates: &'a mut u32,
+    start: Instant,
+    budget: &'a Budget,
+    rules: &'a Rules,
+    on: &'a mut dyn FnMut(Event),
+}
+
+struct SweepEnd {
+    improved: bool,
+    /// The feedback the agent gets: one line per point.
+    feedback: Feedback,
+    /// The budget that ran out during the sweep, if one did.
+    budget_out: Option<&'static str>,
+}
+
+/// Verifies every point of a candidate's matrix (each combination of its values over the
+/// candidate's defines, skipping the candidate's own), one after another, each judged by
+/// the loop's rule against the best so far ([`improvement`]), so the last point to
+/// improve is the best. A point counts as a candidate; when the candidate or wall budget
+/// runs out, the sweep stops with the best so far kept. A failing point is recorded with
+/// its verdict but never counts towards an escalation: it is the search's data, not the
+/// agent repeating an error.
+fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_>) -> SweepEnd {
+    let base_defines = c.base.defines.clone();
+    let points = other_points(&base_defines, c.matrix);
+    let mut sweep = MatrixSweep {
+        base: c.id.to_string(),
+        matrix: c.matrix.clone(),
+        points: vec![SweptPoint {
+            id: c.id.to_string(),
+            defines: base_defines.clone(),
+            verdict: c.base_verdict.clone(),
+        }],
+        planned: points.len(),
+        chosen: c.base_won.then(|| c.id.to_string()),
+        stopped: None,
+    };
+    (st.on)(Event::Sweep {
+        id: c.id.to_string(),
+        points: points.len(),
+    });
+    let mut end = SweepEnd {
+        improved: false,
+        feedback: Feedback {
+            round: c.round,
+            candidate: format!("{} matrix", c.id),
+            verdict: String::new(),
+            details: vec![point_line(c.id, &base_defines, c.base_verdict)],
+        },
+        budget_out: None,
+    };
+    for (j, defines) in points.into_iter().enumerate() {
+        let over = if *st.candidates >= st.budget.candidates {
+            Some("candidates")
+        } else if st.start.elapsed() > st.budget.wall {
+            Some("wall time")
+        } else {
+            None
+        };
+        if let Some(which) = over {
+            sweep.stopped = Some(format!("the {which} budget ran out"));
+            end.budget_out = Some(which);
+            break;
+        }
+        *st.candidates += 1;
+        let id = format!("{}-m{}", c.id, j + 1);
+        (st.on)(Event::Candidate { id: id.clone() });
+        let mut version = c.base.clone();
+        version.id = id.clone();
+        version.defines = defines.clone();
+        let verdict = st.evaluator.evaluate(&version, st.best.us.as_ref());
+        (st.on)(Event::Verdict {
+            id: id.clone(),
+            accepted: verdict.accepted,
+            summary: verdict.summary(),
+        });
+        let mut resolved = c.resolved.clone();
+        resolved.proposal.defines = defines.clone();
+        if let Some(gain) = improvement(&verdict, st.rules) {
+            (st.on)(Event::Improved {
+                id: id.clone(),
+                speedup: gain,
+            });
+            end.improved = true;
+            st.best.adopt(&version, &verdict);
+            st.out.best = Some((version.clone(), resolved.clone(), verdict.clone()));
+            sweep.chosen = Some(id.clone());
+        }
+        end.feedback
+            .details
+            .push(point_line(&id, &defines, &verdict));
+        let values = defines
+            .iter()
+            .filter(|(k, _)| c.matrix.contains_key(*k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        sweep.points.push(SweptPoint {
+            id: id.clone(),
+            defines,
+            verdict: verdict.clone(),
+        });
+        st.out.tried.push(Tried {
+            round: c.round,
+            id,
+            resolved: Some(resolved),
+            verdict: Some(verdict),
+            error: None,
+            point: Some(MatrixPoint {
+                base: c.id.to_string(),
+                values,
+            }),
+        });
+    }
+    let evaluated = sweep.points.len() - 1;
+    let verified = sweep.points.iter().filter(|p| p.verdict.accepted).count();
+    end.feedback.verdict = format!(
+        "the loop evaluated {evaluated} of the {} other point(s) of your matrix; {verified} of {} point(s), yours included, passed every fence{}{}",
+        sweep.planned,
+        evaluated + 1,
+        match &sweep.chosen {
+            Some(p) => format!("; the best is now {p}"),
+            None => "; none beat the best".into(),
+        },
+        sweep
+            .stopped
+            .as_ref()
+            .map(|s| format!("; stopped: {s}"))
+            .unwrap_or_default()
+    );
+    (st.on)(Event::SweepDone {
+        id: c.id.to_string(),
+        evaluated,
+        points: sweep.planned,
+        best: sweep.chosen.clone(),
+        stopped: sweep.stopped.clone(),
+    });
+    if sweep.chosen.is_some() {
+        st.out.best_sweep = Some(sweep);
+    }
+    end
+}
+
+/// The full defines of every point of `matrix` but the candidate's own (`base`), in the
+/// order of [`proposal::matrix_points`].
+fn other_points(
+    base: &BTreeMap<String, i64>,
+    matrix: &BTreeMap<String, Vec<i64>>,
+) -> Vec<BTreeMap<String, i64>> {
+    proposal::matrix_points(matrix)
+        .into_iter()
+        .map(|values| {
+            let mut d = base.clone();
+            d.extend(values);
+            d
+        })
+        .filter(|d| d != base)
+        .collect()
+}
+
+/// A point's line of the sweep's feedback: its defines, its verdict, its time per shape.
+fn point_line(id: &str, defines: &BTreeMap<String, i64>, v: &Verdict) -> String {
+    // Times only of correct points: a wrong point's time means nothing.
+    let correct = v.failures.iter().all(|f| f.fence == Fence::Watchdog);
+    let times = v
+        .shapes
+        .iter()
+        .filter(|s| correct && !s.held_out)
+        .filter_map(|s| Some(format!("{} {:.2} µs", s.shape, s.candidate_us?)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "{id} ({}): {}{}",
+        describe_defines(defines),
+        if v.accepted {
+            "verified".to_string()
+        } else {
+            format!("rejected: {}", v.summary().lines().next().unwrap_or(""))
+        },
+        if times.is_empty() {
+            String::new()
+        } else {
+            format!("; {times}")
+        }
+    )
 }
 
 fn error_key(v: &Verdict) -> Option<(Fence, String)> {
@@ -270,13 +624,15 @@ pub fn optimize(
         rounds: 0,
         tried: vec![],
         best: None,
+        best_sweep: None,
         spend: Spend::default(),
         transcript: vec![],
     };
-    let mut best_version = task.reference.clone();
-    let mut best_label = "reference".to_string();
-    let mut best_us: Option<BTreeMap<String, f64>> = None;
-    let mut figures: Vec<String> = Vec::new();
+    let mut best = LoopBest {
+        version: task.reference.clone(),
+        us: None,
+        figures: Vec::new(),
+    };
     let mut history: Vec<Feedback> = Vec::new();
     let mut compile_failures = 0u32;
     let mut failed_in_a_row = 0u32;
@@ -315,16 +671,16 @@ pub fn optimize(
         }
 
         // The request: a reflection turn after repeated compile failures, else a proposal.
-        let launch = context::launch_text(&best_version.launch);
+        let launch = context::launch_text(&best.version.launch);
         let input = ContextInput {
             spec,
             round,
-            best_label: best_label.clone(),
-            best_source: &best_version.source,
+            best_label: best.label(),
+            best_source: &best.version.source,
             best_launch: launch,
             device: task.device.clone(),
             ceilings: task.ceilings.clone(),
-            figures: figures.clone(),
+            figures: best.figures.clone(),
             snapshot: task.snapshot.clone(),
             structure: task.structure.clone(),
             cases: task.cases.clone(),
@@ -371,7 +727,7 @@ pub fn optimize(
             }
         };
         // One repair round for a malformed reply.
-        let resolved = match proposal::parse(&text, spec, &best_version.source) {
+        let resolved = match proposal::parse(&text, spec, &best.version.source) {
             Ok(r) => r,
             Err(errors) => {
                 let mut repair = req.clone();
@@ -389,7 +745,7 @@ pub fn optimize(
                         break;
                     }
                 };
-                match proposal::parse(&fixed, spec, &best_version.source) {
+                match proposal::parse(&fixed, spec, &best.version.source) {
                     Ok(r) => r,
                     Err(errors) => {
                         let msg =
@@ -400,6 +756,7 @@ pub fn optimize(
                             resolved: None,
                             verdict: None,
                             error: Some(msg.clone()),
+                            point: None,
                         });
                         history.push(Feedback {
                             round,
@@ -508,7 +865,7 @@ pub fn optimize(
                     ));
                     match ask(client, answer, &mut out.transcript, on) {
                         Ok(t) => {
-                            if let Ok(mut revised) = proposal::parse(&t, spec, &best_version.source)
+                            if let Ok(mut revised) = proposal::parse(&t, spec, &best.version.source)
                             {
                                 r = revised.remove(0);
                             }
@@ -522,8 +879,8 @@ pub fn optimize(
                     }
                 }
             }
-            let version = candidate_version(&best_version, &id, &r);
-            let verdict = evaluator.evaluate(&version, best_us.as_ref());
+            let version = candidate_version(&best.version, &id, &r);
+            let verdict = evaluator.evaluate(&version, best.us.as_ref());
             on(Event::Verdict {
                 id: id.clone(),
                 accepted: verdict.accepted,
@@ -541,13 +898,7 @@ pub fn optimize(
                 let n = seen_errors.entry(key.clone()).or_insert(0);
                 *n += 1;
                 if *n > rules.repeats_of_an_error {
-                    out.tried.push(Tried {
-                        round,
-                        id: id.clone(),
-                        resolved: Some(r),
-                        verdict: Some(verdict),
-                        error: None,
-                    });
+                    out.tried.push(Tried::of(round, &id, r, verdict));
                     out.stop = Stop::Escalated {
                         reason: format!("the same {} error came back {} times", key.0.name(), *n),
                         suspicion: format!("every attempt fails with: {}", key.1),
@@ -555,67 +906,85 @@ pub fn optimize(
                     break 'rounds;
                 }
                 if failed_in_a_row >= rules.failed_verifications_in_a_row {
-                    out.tried.push(Tried {
-                        round,
-                        id: id.clone(),
-                        resolved: Some(r),
-                        verdict: Some(verdict.clone()),
-                        error: None,
-                    });
+                    let summary = verdict.summary();
+                    out.tried.push(Tried::of(round, &id, r, verdict));
                     out.stop = Stop::Escalated {
                         reason: format!("verification failed {failed_in_a_row} times in a row"),
-                        suspicion: format!("the last failure: {}", verdict.summary()),
+                        suspicion: format!("the last failure: {summary}"),
                     };
                     break 'rounds;
                 }
             } else {
                 failed_in_a_row = 0;
-                let gain = verdict
-                    .comparisons
-                    .iter()
-                    .map(|c| c.speedup)
-                    .fold(0.0, f64::max);
-                if gain > 1.0 + rules.min_gain {
-                    on(Event::Improved {
-                        id: id.clone(),
-                        speedup: gain,
-                    });
-                    improved = true;
-                    best_us = Some(
-                        verdict
-                            .shapes
-                            .iter()
-                            .filter_map(|s| s.candidate_us.map(|t| (s.shape.clone(), t)))
-                            .collect(),
-                    );
-                    figures = verdict
-                        .shapes
-                        .iter()
-                        .filter(|s| !s.held_out)
-                        .filter_map(|s| {
-                            Some(format!(
-                                "{}: {:.2} µs ({:.2}x the reference){}",
-                                s.shape,
-                                s.candidate_us?,
-                                s.speedup.unwrap_or(1.0),
-                                s.copy_bandwidth_pct
-                                    .map(|p| format!(", {p:.1}% of copy bandwidth"))
-                                    .unwrap_or_default()
-                            ))
-                        })
-                        .collect();
-                    best_version = version.clone();
-                    best_label = id.clone();
-                    out.best = Some((version, r.clone(), verdict.clone()));
-                }
             }
-            out.tried.push(Tried {
-                round,
-                id,
-                resolved: Some(r),
-                verdict: Some(verdict),
-                error: None,
-            });
+            if let Some(gain) = improvement(&verdict, rules) {
+                on(Event::Improved {
+                    id: id.clone(),
+                    speedup: gain,
+                });
+                improved = true;
+                best.adopt(&version, &verdict);
+                out.best = Some((version.clone(), r.clone(), verdict.clone()));
+                out.best_sweep = None;
+            }
+            let matrix = r.proposal.matrix.clone().filter(|m| !m.is_empty());
+            let base_won = out.best.as_ref().is_some_and(|b| b.0.id == id);
+            out.tried
+                .push(Tried::of(round, &id, r.clone(), verdict.clone()));
+            let Some(matrix) = matrix else { continue };
+            // The candidate's matrix: searched only when the candidate itself is correct
+            // (every fence passed but perhaps the watchdog: slower than the best is what
+            // another point may fix; wrong code is the agent's to fix).
+            if let Some(f) = verdict.failures.iter().find(|f| f.fence != Fence::Watchdog) {
+                let reason = format!(
+                    "not searched: {id} itself failed the {} fence",
+                    f.fence.name()
+                );
+                if let Some(fb) = history.last_mut() {
+                    fb.details.push(format!(
+                        "its matrix was {reason}; a matrix is searched once the candidate passes every fence but the watchdog"
+                    ));
+                }
+                on(Event::SweepDone {
+                    id: id.clone(),
+                    evaluated: 0,
+                    points: other_points(&version.defines, &matrix).len(),
+                    best: None,
+                    stopped: Some(reason),
+                });
+                continue;
+            }
+            let sweep = sweep_matrix(
+                SweepInput {
+                    round,
+                    id: &id,
+                    base: &version,
+                    base_verdict: &verdict,
+                    resolved: &r,
+                    matrix: &matrix,
+                    base_won,
+                },
+                &mut SweepState {
+                    evaluator: &mut *evaluator,
+                    best: &mut best,
+                    out: &mut out,
+                    candidates: &mut candidates,
+                    start,
+                    budget,
+                    rules,
+                    on: &mut *on,
+                },
+            );
+            if sweep.improved {
+                improved = true;
+            }
+            history.push(sweep.feedback);
+            if let Some(which) = sweep.budget_out {
+                out.stop = Stop::Budget {
+                    which: which.into(),
+                };
+                break 'rounds;
+            }
         }
         if improved {
             rounds_without_gain = 0;

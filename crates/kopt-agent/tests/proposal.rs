@@ -110,3 +110,120 @@ fn json_is_found_in_its_usual_wrappings() {
 fn the_schema_given_to_models() {
     insta::assert_json_snapshot!(proposal::schema());
 }
+
+/// The reply of `reply`, its matrix replaced, with a source that tests `UNROLL` and
+/// mentions `STRIDE` only in a comment.
+fn with_matrix(matrix: serde_json::Value) -> String {
+    let src = format!(
+        "#ifndef UNROLL\n#define UNROLL 1\n#endif\n// STRIDE would be a parameter one day\n{BEST}"
+    );
+    let mut v: serde_json::Value =
+        serde_json::from_str(&reply(serde_json::json!({ "source": src }))).unwrap();
+    v["proposals"][0]["matrix"] = matrix;
+    v.to_string()
+}
+
+#[test]
+fn a_matrix_names_defines_the_candidate_uses() {
+    let s = spec();
+    // `BLOCK` is in `defines`, `UNROLL` is tested by the source: both may be searched.
+    let ok = proposal::parse(
+        &with_matrix(serde_json::json!({ "BLOCK": [128, 512], "UNROLL": [1, 2, 4] })),
+        &s,
+        BEST,
+    )
+    .unwrap();
+    assert_eq!(ok[0].proposal.matrix.as_ref().unwrap().len(), 2);
+    // An empty matrix asks for nothing.
+    assert!(proposal::parse(&with_matrix(serde_json::json!({})), &s, BEST).is_ok());
+    let errs = proposal::parse(
+        &with_matrix(serde_json::json!({ "BLCOK": [128], "STRIDE": [1, 2] })),
+        &s,
+        BEST,
+    )
+    .unwrap_err();
+    assert_eq!(
+        errs,
+        vec![
+            "proposal 1: matrix key `BLCOK` is not a define the candidate uses: list it in `defines` (with the candidate's own value) or use it in the source, or drop it from `matrix`".to_string(),
+            "proposal 1: matrix key `STRIDE` is not a define the candidate uses: list it in `defines` (with the candidate's own value) or use it in the source, or drop it from `matrix`".to_string(),
+        ],
+        "a typo, and a name only a comment mentions"
+    );
+    let errs =
+        proposal::parse(&with_matrix(serde_json::json!({ "n": [1, 2] })), &s, BEST).unwrap_err();
+    assert!(
+        errs[0].contains("matrix key `n` is an argument of the kernel, not a define"),
+        "{errs:?}"
+    );
+    let errs =
+        proposal::parse(&with_matrix(serde_json::json!({ "2X": [1] })), &s, BEST).unwrap_err();
+    assert!(
+        errs[0].contains("`2X` is not a preprocessor name"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn a_matrix_lists_each_value_once_and_stays_small() {
+    let s = spec();
+    let errs = proposal::parse(
+        &with_matrix(serde_json::json!({ "BLOCK": [], "UNROLL": [2, 4, 2] })),
+        &s,
+        BEST,
+    )
+    .unwrap_err();
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("matrix `BLOCK` lists no values: give at least one")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("matrix `UNROLL` lists 2 more than once")),
+        "{errs:?}"
+    );
+    // 16 points pass; 17 do not.
+    assert!(proposal::parse(
+        &with_matrix(serde_json::json!({ "BLOCK": [32, 64, 128, 256], "UNROLL": [1, 2, 4, 8] })),
+        &s,
+        BEST
+    )
+    .is_ok());
+    let errs = proposal::parse(
+        &with_matrix(
+            serde_json::json!({ "BLOCK": [32, 64, 128, 256, 512, 1024], "UNROLL": [1, 2, 4] }),
+        ),
+        &s,
+        BEST,
+    )
+    .unwrap_err();
+    assert_eq!(
+        errs,
+        vec!["proposal 1: the matrix has 18 points (6 `BLOCK` x 3 `UNROLL`), more than the 16 the loop verifies for one candidate: keep the values you expect to matter (at most 16 combinations)".to_string()]
+    );
+    assert!(repair_prompt(&errs).contains("- proposal 1: the matrix has 18 points"));
+}
+
+#[test]
+fn matrix_points_are_every_combination_in_a_fixed_order() {
+    let m = std::collections::BTreeMap::from([
+        ("VEC".to_string(), vec![4, 1]),
+        ("BLOCK".to_string(), vec![128, 256]),
+    ]);
+    let points: Vec<String> = proposal::matrix_points(&m)
+        .iter()
+        .map(kopt_agent::run::describe_defines)
+        .collect();
+    assert_eq!(
+        points,
+        [
+            "BLOCK=128 VEC=4",
+            "BLOCK=128 VEC=1",
+            "BLOCK=256 VEC=4",
+            "BLOCK=256 VEC=1"
+        ]
+    );
+    assert_eq!(proposal::MAX_MATRIX_POINTS, 16);
+    assert!(proposal::matrix_points(&Default::default()).is_empty());
+}

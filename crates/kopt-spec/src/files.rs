@@ -241,7 +241,42 @@ pub struct Rationale {
     pub risks: Vec<Risk>,
     pub verification: Verification,
     pub figures: Vec<ShapeFigures>,
+    /// How the variant's defines were chosen, when a search over a parameter matrix chose
+    /// them (the optimisation loop's sweep of the agent's matrix).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<ParameterSearch>,
     pub provenance: Provenance,
+}
+
+/// The search that chose a variant's defines: every point it measured, so that a reviewer
+/// sees why these values and not the others.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParameterSearch {
+    /// Who searched, how, and by which rule the point was chosen, in a sentence or two.
+    pub method: String,
+    /// The matrix searched, define name -> values, as it was given.
+    pub matrix: BTreeMap<String, Vec<i64>>,
+    /// The point chosen: the variant's own.
+    pub chosen: String,
+    /// Why the search ended before its last point (a budget), when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    /// Every point measured, in the order it was.
+    pub points: Vec<SearchPoint>,
+}
+
+/// One point of a [`ParameterSearch`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchPoint {
+    /// Its candidate id in the run (`r1c2`, `r1c2-m3`).
+    pub point: String,
+    /// The values it gave the matrix's defines.
+    pub defines: BTreeMap<String, i64>,
+    /// `verified`, or the fence that rejected it and why, in one line.
+    pub outcome: String,
+    /// Its time per declared shape, microseconds, by shape label: empty for a point whose
+    /// results were wrong (only times of correct points are worth comparing).
+    pub times_us: BTreeMap<String, f64>,
 }
 
 /// What a variant was verified as: the fields of its lock entry that do not depend on
@@ -506,6 +541,9 @@ impl Rationale {
             );
         }
         md.push('\n');
+        if let Some(search) = &self.search {
+            render_search(&mut md, search);
+        }
         let _ = writeln!(md, "## Verification\n");
         let _ = writeln!(md, "{}\n", self.verification.method);
         let _ = writeln!(
@@ -600,6 +638,47 @@ fn render_snapshots(md: &mut String, s: &Snapshots) {
         }
         let _ = writeln!(md, "{label}:\n\n```text\n{}\n```\n", snap.text.trim_end());
     }
+}
+
+/// The search section: the method, then one row per point with its defines, outcome and
+/// time per shape (the chosen point in bold).
+fn render_search(md: &mut String, s: &ParameterSearch) {
+    let _ = writeln!(md, "## Parameter search\n");
+    let _ = writeln!(md, "{}\n", s.method);
+    if let Some(stopped) = &s.stopped {
+        let _ = writeln!(md, "Stopped early: {stopped}.\n");
+    }
+    let mut shapes: Vec<&String> = s.points.iter().flat_map(|p| p.times_us.keys()).collect();
+    shapes.sort();
+    shapes.dedup();
+    let keys: Vec<&String> = s.matrix.keys().collect();
+    let mut header = vec!["point".to_string()];
+    header.extend(keys.iter().map(|k| format!("`{k}`")));
+    header.push("outcome".into());
+    header.extend(shapes.iter().map(|sh| format!("{} (µs)", cell(sh))));
+    let _ = writeln!(md, "| {} |", header.join(" | "));
+    let mut rule = vec!["---"; 2 + keys.len()];
+    rule.extend(std::iter::repeat_n("---:", shapes.len()));
+    let _ = writeln!(md, "| {} |", rule.join(" | "));
+    for p in &s.points {
+        let mut row = vec![if p.point == s.chosen {
+            format!("**{}** (chosen)", cell(&p.point))
+        } else {
+            cell(&p.point)
+        }];
+        row.extend(
+            keys.iter()
+                .map(|k| opt(p.defines.get(*k).map(|v| v.to_string()))),
+        );
+        row.push(cell(&p.outcome));
+        row.extend(
+            shapes
+                .iter()
+                .map(|sh| opt(p.times_us.get(*sh).map(|t| format!("{t:.2}")))),
+        );
+        let _ = writeln!(md, "| {} |", row.join(" | "));
+    }
+    md.push('\n');
 }
 
 fn cell(s: &str) -> String {

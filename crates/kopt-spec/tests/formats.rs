@@ -160,6 +160,7 @@ fn rationale_formats() {
             registers: Some(32),
             occupancy_pct: Some(100.0),
         }],
+        search: None,
         provenance: Provenance {
             agent: "heuristic".into(),
             device: "NVIDIA H200".into(),
@@ -207,6 +208,7 @@ fn rationale_without_optional_parts() {
             seeds: vec![1],
         },
         figures: vec![],
+        search: None,
         provenance: Provenance {
             agent: "a".into(),
             device: "d".into(),
@@ -225,6 +227,7 @@ fn rationale_without_optional_parts() {
         "budget",
         "copy_bandwidth_gbs",
         "session",
+        "search",
     ] {
         assert!(!json.contains(absent), "{absent} in {json}");
     }
@@ -235,8 +238,42 @@ fn rationale_without_optional_parts() {
         "Confidence",
         "budget used",
         "Verified by",
+        "Parameter search",
     ] {
         assert!(!md.contains(absent), "{absent} in {md}");
     }
     assert!(md.contains("recorded session: none"), "{md}");
+
+    // The search that chose the defines: its method, then a row per point.
+    let mut r = r;
+    let point = |id: &str, block: i64, outcome: &str, times: &[(&str, f64)]| SearchPoint {
+        point: id.into(),
+        defines: BTreeMap::from([("BLOCK".to_string(), block)]),
+        outcome: outcome.into(),
+        times_us: times.iter().map(|(s, t)| (s.to_string(), *t)).collect(),
+    };
+    r.search = Some(ParameterSearch {
+        method: "The loop's exhaustive sweep of the agent's matrix.".into(),
+        matrix: BTreeMap::from([("BLOCK".to_string(), vec![128, 256, 512])]),
+        chosen: "r1c1-m1".into(),
+        stopped: Some("the candidates budget ran out".into()),
+        points: vec![
+            point("r1c1", 128, "verified", &[("n=4096", 3.5), ("n=64", 2.0)]),
+            point(
+                "r1c1-m1",
+                256,
+                "verified",
+                &[("n=4096", 2.5), ("n=64", 1.9)],
+            ),
+            point("r1c1-m2", 512, "numerics: y[7] | differs", &[]),
+        ],
+    });
+    assert_eq!(Rationale::parse(&r.to_json()).unwrap(), r, "round trip");
+    let md = r.render_markdown();
+    let section = md
+        .split("## Parameter search")
+        .nth(1)
+        .and_then(|s| s.split("## Verification").next())
+        .expect("a search section before the verification");
+    insta::assert_snapshot!("rationale_search_md", section);
 }

@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use kopt_spec::files::{
-    self, BottleneckSnapshot, BudgetUsed, Change, Claim, Diagnosis, OutputCheck, Provenance,
-    Rationale, Risk, ShapeFigures, Snapshots, Verification,
+    self, BottleneckSnapshot, BudgetUsed, Change, Claim, Diagnosis, OutputCheck, ParameterSearch,
+    Provenance, Rationale, Risk, ShapeFigures, Snapshots, Verification,
 };
 use kopt_spec::spec::Number;
 use serde::{Deserialize, Serialize};
@@ -38,6 +38,9 @@ pub struct Evidence {
     pub risks: Vec<Risk>,
     pub verification: NumericEvidence,
     pub measurements: Vec<ShapeMeasurement>,
+    /// The search over a parameter matrix that chose the variant's defines, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<ParameterSearch>,
     pub device: Device,
     /// Who or what proposed it: `person (hand-written)`, `heuristic`, `openai:<model>`.
     pub agent: String,
@@ -240,6 +243,28 @@ pub fn build(e: &Evidence) -> Result<Rationale> {
             return bad(format!("confidence {} is not between 0 and 1", c.score));
         }
     }
+    if let Some(s) = &e.search {
+        if s.method.trim().is_empty() {
+            return bad("`search.method` is empty".into());
+        }
+        if !s.points.iter().any(|p| p.point == s.chosen) {
+            return bad(format!(
+                "the search chose `{}`, which is not one of its points",
+                s.chosen
+            ));
+        }
+        if let Some((p, t)) = s.points.iter().find_map(|p| {
+            p.times_us
+                .values()
+                .find(|t| !t.is_finite() || **t <= 0.0)
+                .map(|t| (p, t))
+        }) {
+            return bad(format!(
+                "search point `{}`: time {t} µs is not positive",
+                p.point
+            ));
+        }
+    }
     let device = format!("{} ({})", e.device.name, e.arch);
     let driver = match &e.device.cuda {
         Some(cuda) => format!("{} (CUDA {cuda})", e.device.driver),
@@ -262,6 +287,7 @@ pub fn build(e: &Evidence) -> Result<Rationale> {
             seeds: e.verification.seeds.clone(),
         },
         figures,
+        search: e.search.clone(),
         provenance: Provenance {
             agent: e.agent.clone(),
             device,

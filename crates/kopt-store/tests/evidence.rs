@@ -106,6 +106,7 @@ fn sample() -> Evidence {
                 occupancy_pct: Some(75.0),
             },
         ],
+        search: None,
         device: Device {
             name: "NVIDIA H200".into(),
             driver: "580.159.04".into(),
