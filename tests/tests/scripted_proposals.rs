@@ -58,14 +58,25 @@ fn kernels() -> Vec<cargo_kopt::gather::Kernel> {
     g.kernels
 }
 
-/// The value of `#define NAME <int>` in `source`.
+/// The value of `#define NAME <value>` in `source`, where the value is an integer or a
+/// product of integers and other such defines (`(1024 * HEADS)`); `None` when there is no
+/// such define or its value is anything else.
 fn define(source: &str, name: &str) -> Option<i64> {
-    source.lines().find_map(|l| {
-        let mut w = l.split_whitespace();
-        (w.next() == Some("#define") && w.next() == Some(name))
-            .then(|| w.next()?.parse().ok())
-            .flatten()
-    })
+    let text = source.lines().find_map(|l| {
+        let l = l.split("//").next().unwrap_or("");
+        let rest = l.trim_start().strip_prefix("#define")?;
+        let rest = rest.trim_start().strip_prefix(name)?;
+        rest.starts_with(char::is_whitespace).then(|| rest.trim())
+    })?;
+    let text = text.strip_prefix('(').and_then(|t| t.strip_suffix(')')).unwrap_or(text);
+    text.split('*')
+        .map(|f| {
+            let f = f.trim();
+            f.parse::<i64>()
+                .ok()
+                .or_else(|| (f != name).then(|| define(source, f)).flatten())
+        })
+        .product()
 }
 
 /// The compiled-in cluster size along x, if the kernel has one.
@@ -162,6 +173,11 @@ fn check_launchable_with(
     let smem = parse_launch(spec, defines, &launch.smem);
     let cluster = cluster_x(source);
     let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
+    assert_eq!(
+        split_scratch.0.is_some(),
+        split_scratch.1.is_some(),
+        "{name}: MAX_ITEMS and MAX_PARTIALS must both be readable (an integer or a product of integers and defines), or the scratch check would not run"
+    );
 
     let shapes = all_shapes(spec);
     assert!(
@@ -291,4 +307,7 @@ fn cluster_sizes_and_defines_are_read_from_the_source() {
     assert_eq!(cluster_x("__global__ void f() {}"), None);
     assert_eq!(define("#define MAX_ITEMS 512 // x", "MAX_ITEMS"), Some(512));
     assert_eq!(define("#define MAX_ITEMS_2 7", "MAX_ITEMS"), None);
+    let src = "#define HEADS 8\n#define MAX_PARTIALS (1024 * HEADS)\n#define BAD (HEADS + 1)";
+    assert_eq!(define(src, "MAX_PARTIALS"), Some(8192));
+    assert_eq!(define(src, "BAD"), None);
 }
