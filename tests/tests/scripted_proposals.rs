@@ -68,7 +68,10 @@ fn define(source: &str, name: &str) -> Option<i64> {
         let rest = rest.trim_start().strip_prefix(name)?;
         rest.starts_with(char::is_whitespace).then(|| rest.trim())
     })?;
-    let text = text.strip_prefix('(').and_then(|t| t.strip_suffix(')')).unwrap_or(text);
+    let text = text
+        .strip_prefix('(')
+        .and_then(|t| t.strip_suffix(')'))
+        .unwrap_or(text);
     text.split('*')
         .map(|f| {
             let f = f.trim();
