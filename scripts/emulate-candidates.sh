@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # No GPU needed: runs the hand-written candidates of examples/llm-kernels/agents/
-# (layer_norm, rmsnorm, softmax without its cluster mode, transpose, silu_mul, gemm, gqa_decode,
-# gqa_decode_pipe and gqa_decode_bulk) in a CPU emulation of their blocks (one thread
-# per CUDA thread; __syncthreads, warp shuffles, ldmatrix, mma.sync m16n8k16, deferred
-# cp.async groups, and bulk copies on mbarriers emulated in scripts/emulate-candidates/*.h)
-# and compares them
+# (layer_norm, rmsnorm, softmax without its cluster mode, transpose, silu_mul, gemm, gqa_decode
+# and gqa_decode_pipe) in a CPU emulation of their blocks (one thread
+# per CUDA thread; __syncthreads, warp shuffles, ldmatrix, mma.sync m16n8k16 and
+# deferred cp.async groups emulated in scripts/emulate-candidates/*.h) and compares them
 # with f64 references on small and edge shapes. Needs g++ (C++20) and python3.
 # It checks index arithmetic, fragment layouts, bounds and barrier placement; not timing,
 # and not what the emulation cannot see (memory-model subtleties, the real compiler).
@@ -32,7 +31,6 @@ def conv(name, out, gemm=False, gqa=False, dyn_smem=False):
     open(f"{work}/{out}", "w").write(s)
 conv('gqa_decode.cu', 'gqa.cpp', gqa=True)
 conv('gqa_decode_pipe.cu', 'gqa_pipe.cpp', gqa=True, dyn_smem=True)
-conv('gqa_decode_bulk.cu', 'gqa_bulk.cpp', gqa=True, dyn_smem=True)
 conv('layer_norm.cu', 'ln.cpp')
 conv('silu_mul.cu', 'silu.cpp')
 conv('transpose.cu', 'tr.cpp')
@@ -130,20 +128,4 @@ for geometry in "-DWARPS=8 -DSTAGES=3" "-DWARPS=4 -DSTAGES=3" "-DWARPS=8 -DSTAGE
     done
 done
 echo "gqa_decode_pipe: $fails failed"
-[ "$fails" -eq 0 ]
-# gqa_decode_bulk: the pipe's shapes in the proposal's geometry (WARPS 8, RING_TILES 24: 3
-# stages), the short ones with 4 warps (6 stages), 2 warps (12 stages) and 2 stages (8
-# warps, RING_TILES 16); bulk copies landing at the wait (deferred) and at issue (eager).
-for geometry in "-DWARPS=8 -DRING_TILES=24" "-DWARPS=4 -DRING_TILES=24" "-DWARPS=2 -DRING_TILES=24" \
-                "-DWARPS=8 -DRING_TILES=16"; do
-    for copies in "" "-DBULK_EAGER"; do
-        bin="gqa_bulk_test${geometry// /}$copies"
-        g++ $flags -DBULK $geometry $copies gqa_test.cpp -o "$bin"
-        if [ "$geometry" = "-DWARPS=8 -DRING_TILES=24" ]; then shapes=("${pipe_shapes[@]}"); else shapes=("${pipe_short[@]}"); fi
-        for s in "${shapes[@]}"; do
-            "./$bin" $s || fails=$((fails + 1))
-        done
-    done
-done
-echo "gqa_decode_bulk: $fails failed"
 [ "$fails" -eq 0 ]

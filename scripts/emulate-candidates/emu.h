@@ -55,8 +55,6 @@ inline float __shfl_xor_sync(unsigned, float v, int o) {
 }
 unsigned char* g_dyn_smem;
 size_t g_dyn_bytes;
-// Called after each block's threads have finished (e.g. to check no copy is in flight).
-std::function<void()> g_after_block;
 // Deferred cp.async: per thread, groups of pending copies.
 struct Copy { unsigned dst; const void* src; int n; };
 thread_local std::vector<Copy> t_open;
@@ -83,7 +81,6 @@ template <class F> void launch(dim3 grid, dim3 block, size_t dyn, F kernel) {
                 t_open.clear(); t_groups.clear(); kernel();
                 if (!t_open.empty() || !t_groups.empty()) { for (auto& g : t_groups) do_copies(g); do_copies(t_open); } });
         for (auto& t : ts) t.join();
-        if (g_after_block) g_after_block();
         for (auto* w : warps) delete w;
     }
 }

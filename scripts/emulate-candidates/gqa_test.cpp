@@ -2,20 +2,10 @@
 // gqa_test batch q_heads kv_heads seq_len wave_blocks (the launch rule's WAVE_BLOCKS)
 // [splits: overrides the rule's grid.x, e.g. to leave trailing splits empty].
 // Built with -DPIPE, it runs gqa_decode_pipe.cu (block WARPS * 32 threads, smem WARPS
-// rings of STAGES tiles of 8 KB, as its launch rule says); with -DBULK, gqa_decode_bulk.cu
-// (block WARPS * 32 threads, smem RING_TILES stages of 8 KB); otherwise gqa_decode.cu.
+// rings of STAGES tiles of 8 KB, as its launch rule says); otherwise gqa_decode.cu.
 #define STR2(x) #x
 #define STR(x) STR2(x)
-#if defined(BULK)
-#include "gqa_bulk.cpp"
-#define BLOCK_THREADS (WARPS * 32)
-#define DYN_SMEM (RING_TILES * 8192)
-#ifdef BULK_EAGER
-#define NAME "gqa_decode_bulk WARPS " STR(WARPS) " RING_TILES " STR(RING_TILES) " eager copies"
-#else
-#define NAME "gqa_decode_bulk WARPS " STR(WARPS) " RING_TILES " STR(RING_TILES) " deferred copies"
-#endif
-#elif defined(PIPE)
+#ifdef PIPE
 #include "gqa_pipe.cpp"
 #define BLOCK_THREADS (WARPS * 32)
 #define DYN_SMEM (WARPS * STAGES * 8192)
@@ -44,10 +34,6 @@ int main(int argc, char** argv) {
     unsigned s0 = std::max(1u, wave / items), per = cdiv(cdiv(seq, s0), 16) * 16, splits = cdiv(seq, per);
     if (argc > 6) splits = atoi(argv[6]);
     int fails = 0;
-#ifdef BULK
-    g_bulk_sources = {{k.data(), k.size() * 2}, {v.data(), v.size() * 2}};
-    g_after_block = mbar_block_end;
-#endif
     for (int rep = 0; rep < 2; ++rep) {  // twice: the arrival counters must be reset
         for (auto& x : o) x = __float2half(NAN);
         launch({splits, items}, {BLOCK_THREADS, 1}, DYN_SMEM, [&] {

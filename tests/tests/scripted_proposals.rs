@@ -30,9 +30,8 @@ const MORE_CANDIDATES: &[(&str, &[&str])] = &[
     ("silu_mul", &["silu_mul.cu", "silu_mul.cu"]),
     // The same kernel with other rows per block in the warp-per-row mode (`WARPS`).
     ("softmax", &["softmax.cu", "softmax.cu"]),
-    // K and V through a per-warp shared-memory ring: filled by cp.async, then by bulk
-    // copies (TMA) completing on mbarriers.
-    ("gqa_decode", &["gqa_decode_pipe.cu", "gqa_decode_bulk.cu"]),
+    // K and V through a per-warp cp.async shared-memory ring.
+    ("gqa_decode", &["gqa_decode_pipe.cu"]),
 ];
 
 /// The most dynamic shared memory one block may have on the GPUs kopt targets (sm_90:
