@@ -571,6 +571,7 @@ impl Session {
             passed: verdict.accepted,
             failure_class: verdict.failures.first().map(|f| f.fence.name().to_string()),
             detail: verdict.summary(),
+            times_us: verdict.candidate_times(),
         });
         let gain = verdict
             .comparisons

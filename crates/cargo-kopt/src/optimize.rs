@@ -512,6 +512,11 @@ fn optimize_kernel(
                 .map(|v| v.summary())
                 .or(t.error.clone())
                 .unwrap_or_default(),
+            times_us: t
+                .verdict
+                .as_ref()
+                .map(|v| v.candidate_times())
+                .unwrap_or_default(),
         });
     }
     if let Some(lib) = run

@@ -808,4 +808,17 @@ fn cargo_kopt_optimize_records_the_matrix_search_in_the_rationale() {
         journal.contains("a point of r1c1's matrix, searched by the loop: TILE=8"),
         "every point is in the journal"
     );
+    // A rejected point's times stay in the journal (the watchdog's point was timed).
+    let rejected: serde_json::Value = journal
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["event"] == "verdict" && e["candidate"] == "r1c1-m3")
+        .expect("the watchdog point's verdict");
+    assert_eq!(rejected["failure_class"], "watchdog");
+    assert!(
+        rejected["times_us"]
+            .as_object()
+            .is_some_and(|t| t.len() >= 4),
+        "{rejected}"
+    );
 }

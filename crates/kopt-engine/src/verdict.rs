@@ -136,6 +136,14 @@ impl Verdict {
         }
     }
 
+    /// The candidate's median time per shape label, on every shape where it was timed.
+    pub fn candidate_times(&self) -> BTreeMap<String, f64> {
+        self.shapes
+            .iter()
+            .filter_map(|s| Some((s.shape.clone(), s.candidate_us?)))
+            .collect()
+    }
+
     /// The main reason, for one-line tables.
     pub fn summary(&self) -> String {
         match self.failures.first() {

@@ -315,6 +315,7 @@ impl SearchJournal {
                 passed: o.cost.is_some(),
                 failure_class: o.failure.clone(),
                 detail,
+                times_us: o.shapes_us.clone(),
             })
             .map_err(|e| e.to_string())?;
         Ok(())

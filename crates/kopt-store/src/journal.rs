@@ -72,6 +72,10 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         failure_class: Option<String>,
         detail: String,
+        /// The candidate's median time per shape (declared and held out) where it was
+        /// timed, whatever the verdict: a rejected candidate's figures stay auditable.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        times_us: std::collections::BTreeMap<String, f64>,
     },
     /// A profile of the reference or a candidate.
     Profile {
