@@ -32,27 +32,6 @@
 #define WARPS 8
 #endif
 #define LOG2E 1.4426950408889634f
-// STREAM = 1: the row vectors are loaded and stored with the streaming (evict-first) cache
-// hints, ld.global.cs / st.global.cs: each is read once and written once.
-#ifndef STREAM
-#define STREAM 0
-#endif
-
-__device__ __forceinline__ float4 load_vec(const float4* p) {
-#if STREAM && defined(__CUDA_ARCH__)
-    return __ldcs(p);
-#else
-    return *p;
-#endif
-}
-
-__device__ __forceinline__ void store_vec(float4* p, float4 v) {
-#if STREAM && defined(__CUDA_ARCH__)
-    __stcs(p, v);
-#else
-    *p = v;
-#endif
-}
 
 // 2^x by the MUFU approximation (ex2.approx.ftz, as __expf uses after its multiply by
 // log2 e); plain C++ where the file is not compiled for a GPU (the CPU emulation of
@@ -187,7 +166,7 @@ __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
 #pragma unroll
     for (int i = 0; i < WARP_CACHE; ++i) {
         const unsigned int v = lane + 32u * i;
-        cache[i] = v < nv ? load_vec(xv + v) : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
+        cache[i] = v < nv ? xv[v] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
     }
     const unsigned int tail0 = head + 4 * nv;
     const bool has_head = lane < head, has_tail = tail0 + lane < cols;
@@ -224,8 +203,8 @@ __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
     for (int i = 0; i < WARP_CACHE; ++i) {
         const unsigned int v = lane + 32u * i;
         if (v < nv)
-            store_vec(yv + v, make_float4(cache[i].x * inv, cache[i].y * inv,
-                                          cache[i].z * inv, cache[i].w * inv));
+            yv[v] = make_float4(cache[i].x * inv, cache[i].y * inv, cache[i].z * inv,
+                                cache[i].w * inv);
     }
     if (has_head) yr[lane] = hv * inv;
     if (has_tail) yr[tail0 + lane] = tv * inv;
@@ -262,12 +241,12 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
 #pragma unroll
     for (int i = 0; i < CACHE; ++i) {
         const unsigned int v = v0 + tid + i * bs;
-        cache[i] = v < v1 ? load_vec(xv + v) : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
+        cache[i] = v < v1 ? xv[v] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
     }
     float m, s;
     cached_stats<CACHE>(cache, m, s);
     for (unsigned int v = v0 + tid + CACHE * bs; v < v1; v += bs) {
-        const float4 a = load_vec(xv + v);
+        const float4 a = xv[v];
         const float lm = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
         const float nm = fmaxf(m, lm);
         s = s * __expf(m - nm) + (__expf(a.x - nm) + __expf(a.y - nm)) +
@@ -316,14 +295,13 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
     for (int i = 0; i < CACHE; ++i) {
         const unsigned int v = v0 + tid + i * bs;
         if (v < v1)
-            store_vec(yv + v,
-                      make_float4(__expf(cache[i].x - m) * inv, __expf(cache[i].y - m) * inv,
-                                  __expf(cache[i].z - m) * inv, __expf(cache[i].w - m) * inv));
+            yv[v] = make_float4(__expf(cache[i].x - m) * inv, __expf(cache[i].y - m) * inv,
+                                __expf(cache[i].z - m) * inv, __expf(cache[i].w - m) * inv);
     }
     for (unsigned int v = v0 + tid + CACHE * bs; v < v1; v += bs) {
-        const float4 a = load_vec(xv + v);
-        store_vec(yv + v, make_float4(__expf(a.x - m) * inv, __expf(a.y - m) * inv,
-                                      __expf(a.z - m) * inv, __expf(a.w - m) * inv));
+        const float4 a = xv[v];
+        yv[v] = make_float4(__expf(a.x - m) * inv, __expf(a.y - m) * inv, __expf(a.z - m) * inv,
+                            __expf(a.w - m) * inv);
     }
     if (part == 0) {
         for (unsigned int c = tid; c < head; c += bs) yr[c] = __expf(xr[c] - m) * inv;
