@@ -572,6 +572,29 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
         session.contains("__restrict__") && session.contains("__launch_bounds__(256)"),
         "the heuristic's first step"
     );
+    // On a kernel with tunables, the heuristic hands the loop a matrix around the defaults.
+    let o = run(&[
+        "optimize",
+        "row_sum",
+        "--budget",
+        "rounds=1",
+        "--run",
+        "heuristic-matrix",
+    ]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let journal = std::fs::read_to_string(
+        ws.root
+            .join("target/kopt/runs/heuristic-matrix/journal.jsonl"),
+    )
+    .unwrap();
+    let swept = journal
+        .lines()
+        .filter(|l| l.contains("a point of r1c1's matrix, searched by the loop"))
+        .count();
+    assert_eq!(
+        swept, 15,
+        "16 points, the candidate's own among them: {journal}"
+    );
     let o = run(&["optimize", "softmax", "--agent", "gpt4"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("`gpt4` is not an agent"));

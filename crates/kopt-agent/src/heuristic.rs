@@ -9,6 +9,16 @@
 //!
 //! A rewrite that does not apply (nothing to change) is skipped. Vectorising loads is not
 //! among them (it needs alignment facts this agent cannot check in the source).
+//!
+//! When the kernel declares tunables, each proposal also carries a parameter matrix: every
+//! tunable's default and its next value (the one above, or below at the top of its list),
+//! tunables taken in their declared order while the combinations stay within
+//! [`MAX_MATRIX_POINTS`]. The loop sweeps it around the rewrite, so the defaults the author
+//! chose are measured against their neighbours on the device.
+
+use std::collections::BTreeMap;
+
+use crate::proposal::MAX_MATRIX_POINTS;
 
 use crate::backend::{Backend, BackendError};
 use crate::chat::{ChatRequest, ChatResponse, Usage};
@@ -133,6 +143,55 @@ fn constant_threads(prompt: &str) -> Option<u32> {
         .try_fold(1u32, |acc, d| d.map(|d| acc * d))
 }
 
+/// The kernel's tunables as the context lists them:
+/// `- tunables: NAME (default D, values [a, b]); ...` (`none` when there are none).
+fn tunables(prompt: &str) -> Vec<(String, i64, Vec<i64>)> {
+    let Some(line) = prompt.lines().find_map(|l| l.strip_prefix("- tunables: ")) else {
+        return vec![];
+    };
+    line.split("; ")
+        .filter_map(|t| {
+            let (name, rest) = t.split_once(" (default ")?;
+            let (default, rest) = rest.split_once(", values [")?;
+            let values = rest.strip_suffix("])")?;
+            Some((
+                name.trim().to_string(),
+                default.trim().parse().ok()?,
+                values
+                    .split(',')
+                    .map(|v| v.trim().parse().ok())
+                    .collect::<Option<Vec<i64>>>()?,
+            ))
+        })
+        .collect()
+}
+
+/// Each tunable's default and its neighbour in its list of values, in declared order while
+/// the number of combinations stays within [`MAX_MATRIX_POINTS`].
+fn neighbour_matrix(tunables: &[(String, i64, Vec<i64>)]) -> BTreeMap<String, Vec<i64>> {
+    let mut matrix = BTreeMap::new();
+    let mut points = 1;
+    for (name, default, values) in tunables {
+        let Some(i) = values.iter().position(|v| v == default) else {
+            continue;
+        };
+        let neighbour = values
+            .get(i + 1)
+            .or(i.checked_sub(1).and_then(|j| values.get(j)));
+        let Some(&neighbour) = neighbour else {
+            continue;
+        };
+        if points * 2 > MAX_MATRIX_POINTS {
+            break;
+        }
+        points *= 2;
+        let mut pair = vec![*default, neighbour];
+        pair.sort_unstable();
+        matrix.insert(name.clone(), pair);
+    }
+    matrix
+}
+
 impl Backend for Heuristic {
     fn name(&self) -> String {
         "heuristic".into()
@@ -207,7 +266,15 @@ impl Backend for Heuristic {
                     }
                 };
             let Some(candidate) = candidate else { continue };
-            let proposal = serde_json::json!({ "proposals": [{
+            let matrix = neighbour_matrix(&tunables(prompt));
+            let mut changes = changes;
+            if !matrix.is_empty() {
+                changes.push((
+                    "a parameter matrix over the declared tunables: each one's default and its next value",
+                    "the defaults are a guess about this device too; the loop verifies and times their neighbours around the rewrite",
+                ));
+            }
+            let mut proposal = serde_json::json!({ "proposals": [{
                 "diagnosis": {
                     "bottleneck": "unknown (no model: mechanical rewrites)",
                     "summary": format!("Heuristic step {}: {}", self.step, changes.iter().map(|c| c.0).collect::<Vec<_>>().join(" and ")),
@@ -218,6 +285,9 @@ impl Backend for Heuristic {
                 "expected": [{ "metric": "time", "change": expected }],
                 "candidate": { "source": candidate },
             }]});
+            if !matrix.is_empty() {
+                proposal["proposals"][0]["matrix"] = serde_json::json!(matrix);
+            }
             return Ok(ChatResponse {
                 text: proposal.to_string(),
                 usage: Usage::default(),
@@ -255,6 +325,27 @@ mod tests {
             "{u8}"
         );
         assert!(unroll_loops(&u8, "k", 8).is_none());
+    }
+
+    #[test]
+    fn a_matrix_of_each_tunables_default_and_its_neighbour() {
+        let prompt = "- tunables: BLOCK (default 256, values [32, 64, 128, 256, 512, 1024]); VEC (default 8, values [1, 2, 4, 8]); ROWS (default 1, values [1, 2]); UNROLL (default 1, values [1, 2, 4]); EXTRA (default 3, values [3, 5])\n";
+        let t = tunables(prompt);
+        assert_eq!(t.len(), 5);
+        assert_eq!(t[1], ("VEC".to_string(), 8, vec![1, 2, 4, 8]));
+        let m = neighbour_matrix(&t);
+        // 2 x 2 x 2 x 2 = 16 points: the fifth tunable would exceed the cap.
+        assert_eq!(
+            m,
+            BTreeMap::from([
+                ("BLOCK".to_string(), vec![256, 512]),
+                ("VEC".to_string(), vec![4, 8]),
+                ("ROWS".to_string(), vec![1, 2]),
+                ("UNROLL".to_string(), vec![1, 2]),
+            ])
+        );
+        assert!(tunables("- tunables: none\n").is_empty());
+        assert!(neighbour_matrix(&[("ONE".into(), 4, vec![4])]).is_empty());
     }
 
     #[test]
