@@ -276,16 +276,19 @@ fn variant_def(
     let grid = launch.grid.iter().map(compile);
     let block = launch.block.iter().map(compile);
     let smem = compile(&launch.smem);
+    // The reference runs every shape; a variant only where its region and the constraints
+    // that depend on its build hold.
+    let applies = match arch {
+        None => None,
+        Some(_) => spec.variant_applies(region.as_ref().map(|(t, e)| (t.as_str(), *e)), defines),
+    };
     let arch = match arch {
         Some(a) => quote!(::core::option::Option::Some(#a)),
         None => quote!(::core::option::Option::None),
     };
-    let region = match region {
+    let region = match applies {
         Some((text, e)) => {
-            let prog = ops_tokens(
-                kopt,
-                &spec.compile_expr(e, &BTreeMap::new()).expect("checked"),
-            );
+            let prog = ops_tokens(kopt, &spec.compile_expr(&e, defines).expect("checked"));
             quote!(::core::option::Option::Some(#kopt::RegionDef { text: #text, program: #prog }))
         }
         None => quote!(::core::option::Option::None),

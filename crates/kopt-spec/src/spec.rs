@@ -410,6 +410,50 @@ impl KernelSpec {
             .collect()
     }
 
+    /// Where a version built with `defines` may run: its claimed `region` (text and
+    /// predicate over the scalar arguments) and every constraint that names both a scalar
+    /// argument and a tunable, under those defines. A variant built with `VEC = 2` must not
+    /// run where `cols % VEC == 0` fails, though the reference, built with `VEC = 1`, may:
+    /// its verification drew no such shape. `None`: every shape. The text is for people
+    /// (`cols % VEC == 0 with VEC = 2`); compile the predicate with `defines`.
+    pub fn variant_applies(
+        &self,
+        region: Option<(&str, &Expr)>,
+        defines: &BTreeMap<String, i64>,
+    ) -> Option<(String, Expr)> {
+        let scalars = self.scalar_names();
+        let is_tunable = |v: &str| self.tunables.iter().any(|t| t.name == v);
+        let build_dependent: Vec<&Expr> = self
+            .constraints
+            .iter()
+            .filter(|c| {
+                let vars = c.vars();
+                vars.iter().any(|v| scalars.contains(v)) && vars.iter().any(|v| is_tunable(v))
+            })
+            .collect();
+        let mut texts: Vec<String> = region.iter().map(|(t, _)| t.to_string()).collect();
+        let mut parts: Vec<Expr> = region.iter().map(|(_, e)| (*e).clone()).collect();
+        let mut named: BTreeMap<&str, i64> = BTreeMap::new();
+        for c in build_dependent {
+            texts.push(c.to_string());
+            parts.push(c.clone());
+            for v in c.vars() {
+                if let (true, Some(d)) = (is_tunable(v), defines.get(v)) {
+                    named.insert(v, *d);
+                }
+            }
+        }
+        let predicate = parts
+            .into_iter()
+            .reduce(|a, b| Expr::Binary(expr::BinOp::And, Box::new(a), Box::new(b)))?;
+        let mut text = texts.join(" && ");
+        if !named.is_empty() {
+            let values: Vec<String> = named.iter().map(|(n, v)| format!("{n} = {v}")).collect();
+            text = format!("{text} with {}", values.join(", "));
+        }
+        Some((text, predicate))
+    }
+
     /// Parses a shape-region predicate (as written in a lock file) against this spec:
     /// only scalar arguments may appear.
     pub fn parse_region(&self, text: &str) -> Result<Expr, String> {
@@ -1736,6 +1780,55 @@ mod tests {
                 std: 1.0
             })
         );
+    }
+
+    #[test]
+    fn a_variant_runs_only_where_the_constraints_of_its_build_hold() {
+        let spec = parse(
+            quote! {
+                reference = "k.cu",
+                x: [rows * cols],
+                y: [rows * cols],
+                grid = rows,
+                block = BLOCK,
+                shapes = [{ rows: 4, cols: 1024 }],
+                tunables = { BLOCK: 256 in [128, 256], VEC: [1, 2, 4] },
+                constraints = [BLOCK % 32 == 0, cols % VEC == 0, rows >= 1],
+            },
+            softmax_item(),
+        )
+        .unwrap();
+        let holds = |region: Option<(&str, &Expr)>, vec: i64, rows: i64, cols: i64| {
+            let defines = BTreeMap::from([("BLOCK".to_string(), 256), ("VEC".to_string(), vec)]);
+            match spec.variant_applies(region, &defines) {
+                None => true,
+                Some((_, e)) => {
+                    let p = spec.compile_expr(&e, &defines).unwrap();
+                    expr::eval(&p, &[rows, cols]).unwrap() != 0
+                }
+            }
+        };
+        // Only `cols % VEC == 0` names both a scalar and a tunable.
+        let defines = BTreeMap::from([("BLOCK".to_string(), 256), ("VEC".to_string(), 2)]);
+        let (text, _) = spec.variant_applies(None, &defines).unwrap();
+        assert_eq!(text, "cols % VEC == 0 with VEC = 2");
+        assert!(holds(None, 2, 4, 1024) && !holds(None, 2, 4, 1001));
+        assert!(holds(None, 1, 4, 1001), "the reference's build runs it");
+        let region = spec.parse_region("rows < 8").unwrap();
+        assert!(!holds(Some(("rows < 8", &region)), 2, 16, 1024));
+        assert!(holds(Some(("rows < 8", &region)), 2, 4, 1024));
+        let (text, _) = spec
+            .variant_applies(Some(("rows < 8", &region)), &defines)
+            .unwrap();
+        assert_eq!(text, "rows < 8 && cols % VEC == 0 with VEC = 2");
+        let no_build_constraint = parse(
+            quote!(reference = "k.cu", x: [rows * cols], y: [rows * cols], grid = rows, block = 256, shapes = [{ rows: 4, cols: 8 }], constraints = [cols >= 1]),
+            softmax_item(),
+        )
+        .unwrap();
+        assert!(no_build_constraint
+            .variant_applies(None, &BTreeMap::new())
+            .is_none());
     }
 
     #[test]

@@ -364,19 +364,23 @@ fn check_rationale(
 }
 
 /// Which lock entry (if any) runs for `arch` and `args`: the first usable one whose region
-/// holds. `Err` carries an evaluation error of a region, which the runtime treats as "no".
+/// and build-dependent constraints hold ([`KernelSpec::variant_applies`]), as the
+/// generated launcher decides. A predicate that cannot be evaluated counts as "no".
 pub fn select<'a>(
     state: &'a KernelState,
     spec: &KernelSpec,
     arch: &'a str,
     args: &[i64],
 ) -> Option<(&'a LockEntry, &'a UsableVariant)> {
-    state.usable_for(arch).find(|(_, u)| match &u.region {
-        None => true,
-        Some(r) => spec
-            .compile_expr(r, &BTreeMap::new())
-            .ok()
-            .and_then(|p| expr::eval(&p, args).ok())
-            .is_some_and(|v| v != 0),
+    state.usable_for(arch).find(|(_, u)| {
+        let defines = &u.variant.defines;
+        match spec.variant_applies(u.region.as_ref().map(|r| ("", r)), defines) {
+            None => true,
+            Some((_, r)) => spec
+                .compile_expr(&r, defines)
+                .ok()
+                .and_then(|p| expr::eval(&p, args).ok())
+                .is_some_and(|v| v != 0),
+        }
     })
 }

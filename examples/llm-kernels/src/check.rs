@@ -78,7 +78,8 @@ pub fn ran(k: &Kernel, stream: &CudaStream, args: &[i64]) -> Res<String> {
     Ok(match &s.reason {
         Reason::Accepted { .. } => format!("{} ({})", s.variant, s.arch),
         Reason::Disabled => "reference (KOPT_DISABLE)".into(),
-        _ => format!("reference ({})", s.arch),
+        Reason::NotApplicable(why) => format!("reference ({}; {})", s.arch, why.join("; ")),
+        Reason::NoVariant => format!("reference ({})", s.arch),
     })
 }
 
