@@ -32,6 +32,11 @@
 #define WARPS 8
 #endif
 #define LOG2E 1.4426950408889634f
+// Cluster mode, GATHER = 1: one warp of each block gathers the cluster's (max, sum) pairs,
+// lane r reading block r's, instead of every thread reading all CLUSTER of them.
+#ifndef GATHER
+#define GATHER 0
+#endif
 
 // 2^x by the MUFU approximation (ex2.approx.ftz, as __expf uses after its multiply by
 // log2 e); plain C++ where the file is not compiled for a GPU (the CPU emulation of
@@ -219,6 +224,9 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
     }
     __shared__ float2 warp_stats[32];
     __shared__ float2 block_stats;
+#if GATHER
+    __shared__ float2 row_stats;
+#endif
     const bool split = split_rows(rows, cols);
     const unsigned int part = split ? cluster_rank() : 0u;
     const unsigned int parts = split ? CLUSTER : 1u;
@@ -278,6 +286,27 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
         // merges the pairs in rank order, so all get the same row statistics.
         cluster_arrive();
         cluster_wait();
+#if GATHER
+        // Lane r of warp 0 reads block r's pair (CLUSTER remote loads a block, in parallel),
+        // and a butterfly over lanes 0..CLUSTER-1 merges them; lane 0's result, computed by
+        // the same operations on the same values in every block, is the row's statistics.
+        if (warp == 0) {
+            float2 o = lane < CLUSTER ? load_remote(&block_stats, lane)
+                                      : make_float2(NEG_INF, 0.0f);
+#pragma unroll
+            for (int off = CLUSTER / 2; off > 0; off >>= 1) {
+                const float m2 = __shfl_xor_sync(0xffffffffu, o.x, off);
+                const float s2 = __shfl_xor_sync(0xffffffffu, o.y, off);
+                merge(o.x, o.y, m2, s2);
+            }
+            if (lane == 0) row_stats = o;
+        }
+        // No block may exit while another can still read its shared memory: arrive now
+        // (warp 0 after its reads), wait before returning.
+        cluster_arrive();
+        __syncthreads();
+        st = row_stats;
+#else
         st = make_float2(NEG_INF, 0.0f);
         for (unsigned int r = 0; r < CLUSTER; ++r) {
             const float2 o = load_remote(&block_stats, r);
@@ -286,6 +315,7 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
         // No block may exit while another can still read its shared memory: arrive now,
         // wait before returning.
         cluster_arrive();
+#endif
     }
     m = st.x;
     const float inv = 1.0f / st.y;
