@@ -527,13 +527,7 @@ impl Session {
             .kernels
             .get(&a.kernel)
             .and_then(|s| s.best.as_ref())
-            .map(|b| {
-                b.verdict
-                    .shapes
-                    .iter()
-                    .filter_map(|s| s.candidate_us.map(|t| (s.shape.clone(), t)))
-                    .collect()
-            });
+            .map(|b| b.verdict.candidate_times());
         let artefact = self
             .journal
             .save_artefact(&format!("{}-{id}.cu", a.kernel), &version.source)

@@ -15,7 +15,7 @@ use kopt_agent::session::{Recorder, Replay};
 use kopt_engine::engine::Engine;
 use kopt_engine::job::{EvalJob, KernelVersion};
 use kopt_engine::pool::{DeviceSelection, Slot};
-use kopt_engine::verdict::{Fence, Judge, Verdict};
+use kopt_engine::verdict::{Judge, Verdict};
 use kopt_spec::files::{self, VariantFile, VerifiedBy};
 use kopt_store::evidence::{self, Evidence, NumericEvidence, NumericResult, ShapeMeasurement};
 use kopt_store::journal::{Event, Journal};
@@ -875,7 +875,7 @@ fn parameter_search(s: &run::MatrixSweep, winner: &KernelVersion) -> files::Para
                 },
                 // Times only of correct points: a point that computed wrong results has
                 // no time worth comparing (the watchdog's rejection is about time alone).
-                times_us: if p.verdict.failures.iter().all(|f| f.fence == Fence::Watchdog) {
+                times_us: if p.verdict.correct() {
                     p.verdict
                         .shapes
                         .iter()

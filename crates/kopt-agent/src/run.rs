@@ -276,13 +276,7 @@ impl LoopBest {
 
     /// Makes a verified candidate the best.
     fn adopt(&mut self, version: &KernelVersion, verdict: &Verdict) {
-        self.us = Some(
-            verdict
-                .shapes
-                .iter()
-                .filter_map(|s| s.candidate_us.map(|t| (s.shape.clone(), t)))
-                .collect(),
-        );
+        self.us = Some(verdict.candidate_times());
         self.figures = verdict
             .shapes
             .iter()
@@ -496,7 +490,7 @@ fn other_points(
 /// A point's line of the sweep's feedback: its defines, its verdict, its time per shape.
 fn point_line(id: &str, defines: &BTreeMap<String, i64>, v: &Verdict) -> String {
     // Times only of correct points: a wrong point's time means nothing.
-    let correct = v.failures.iter().all(|f| f.fence == Fence::Watchdog);
+    let correct = v.correct();
     let times = v
         .shapes
         .iter()

@@ -136,6 +136,12 @@ impl Verdict {
         }
     }
 
+    /// Whether every fence but perhaps the watchdog passed: the results are right and only
+    /// the time may be wanting, so the times mean something.
+    pub fn correct(&self) -> bool {
+        self.failures.iter().all(|f| f.fence == Fence::Watchdog)
+    }
+
     /// The candidate's median time per shape label, on every shape where it was timed.
     pub fn candidate_times(&self) -> BTreeMap<String, f64> {
         self.shapes

@@ -372,9 +372,10 @@ pub fn select<'a>(
     arch: &'a str,
     args: &[i64],
 ) -> Option<(&'a LockEntry, &'a UsableVariant)> {
-    state.usable_for(arch).find(|(_, u)| {
+    state.usable_for(arch).find(|(e, u)| {
         let defines = &u.variant.defines;
-        match spec.variant_applies(u.region.as_ref().map(|r| ("", r)), defines) {
+        let region = e.region.as_deref().unwrap_or_default();
+        match spec.variant_applies(u.region.as_ref().map(|r| (region, r)), defines) {
             None => true,
             Some((_, r)) => spec
                 .compile_expr(&r, defines)
