@@ -29,10 +29,12 @@ const MORE_CANDIDATES: &[(&str, &[&str])] = &[
     // The same kernel with other few-token geometries (`SMALL_U`, `SMALL_THREADS`).
     ("silu_mul", &["silu_mul.cu", "silu_mul.cu"]),
     // The same kernel with other rows per block in the warp-per-row mode (`WARPS`), then
-    // with one warp gathering the cluster's statistics (`GATHER`).
-    ("softmax", &["softmax.cu", "softmax.cu", "softmax.cu"]),
-    // K and V through a per-warp cp.async shared-memory ring.
-    ("gqa_decode", &["gqa_decode_pipe.cu"]),
+    // with one warp gathering the cluster's statistics (`GATHER`), then with other cluster
+    // and block sizes for the few-long-rows mode (`CLUSTER`, `SPLIT_VECS`).
+    ("softmax", &["softmax.cu", "softmax.cu", "softmax.cu", "softmax.cu"]),
+    // K and V through a per-warp cp.async shared-memory ring; then the same ring with a
+    // stream-K split.
+    ("gqa_decode", &["gqa_decode_pipe.cu", "gqa_decode_streamk.cu"]),
 ];
 
 /// The most dynamic shared memory one block may have on the GPUs kopt targets (sm_90:
@@ -83,11 +85,15 @@ fn define(source: &str, name: &str) -> Option<i64> {
         .product()
 }
 
-/// The compiled-in cluster size along x, if the kernel has one.
-fn cluster_x(source: &str) -> Option<i64> {
+/// The compiled-in cluster size along x, if the kernel has one: a number, or a define that
+/// the proposal's `defines` (passed as `-D`) set or else the source does.
+fn cluster_x(source: &str, defines: &BTreeMap<String, i64>) -> Option<i64> {
     let start = source.find(CLUSTER_ATTR)? + CLUSTER_ATTR.len();
     let arg = source[start..].split([',', ')']).next()?.trim();
-    arg.parse().ok().or_else(|| define(source, arg))
+    arg.parse()
+        .ok()
+        .or_else(|| defines.get(arg).copied())
+        .or_else(|| define(source, arg))
 }
 
 /// Every shape the engine can draw as held out, over many seeds, plus the declared ones.
@@ -175,12 +181,15 @@ fn check_launchable_with(
         .map(|e| parse_launch(spec, defines, e))
         .collect();
     let smem = parse_launch(spec, defines, &launch.smem);
-    let cluster = cluster_x(source);
+    let cluster = cluster_x(source, defines);
+    // The GQA kernels' split scratch: per work item and split (MAX_ITEMS, MAX_PARTIALS), or
+    // two partials per block of a one-row grid (MAX_BLOCKS, MAX_PARTIALS: stream-K).
     let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
+    let block_scratch = define(source, "MAX_BLOCKS");
     assert_eq!(
-        split_scratch.0.is_some(),
+        split_scratch.0.is_some() || block_scratch.is_some(),
         split_scratch.1.is_some(),
-        "{name}: MAX_ITEMS and MAX_PARTIALS must both be readable (an integer or a product of integers and defines), or the scratch check would not run"
+        "{name}: MAX_ITEMS or MAX_BLOCKS, and MAX_PARTIALS, must be readable (an integer or a product of integers and defines), or the scratch check would not run"
     );
 
     let shapes = all_shapes(spec);
@@ -216,7 +225,13 @@ fn check_launchable_with(
                 "{shape}: the compiled-in cluster size {c} must divide the grid"
             );
         }
-        if let (Some(items), Some(partials)) = split_scratch {
+        if let (Some(blocks), Some(partials)) = (block_scratch, split_scratch.1) {
+            let heads = define(source, "HEADS").unwrap();
+            assert!(
+                g[1] == 1 && g[2] == 1 && g[0] <= blocks && 2 * g[0] * heads <= partials,
+                "{shape}: scratch overrun (two partials per block)"
+            );
+        } else if let (Some(items), Some(partials)) = split_scratch {
             let heads = define(source, "HEADS").unwrap();
             if g[0] > 1 {
                 assert!(
@@ -303,12 +318,15 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
 fn cluster_sizes_and_defines_are_read_from_the_source() {
     let src =
         "#define CLUSTER 8\nextern \"C\" __global__ void __cluster_dims__(CLUSTER, 1, 1) f() {}";
-    assert_eq!(cluster_x(src), Some(8));
+    let none = BTreeMap::new();
+    assert_eq!(cluster_x(src, &none), Some(8));
+    let four = BTreeMap::from([("CLUSTER".to_string(), 4)]);
+    assert_eq!(cluster_x(src, &four), Some(4), "a proposal's define wins");
     assert_eq!(
-        cluster_x("__global__ void __cluster_dims__(4, 1, 1) f() {}"),
+        cluster_x("__global__ void __cluster_dims__(4, 1, 1) f() {}", &none),
         Some(4)
     );
-    assert_eq!(cluster_x("__global__ void f() {}"), None);
+    assert_eq!(cluster_x("__global__ void f() {}", &none), None);
     assert_eq!(define("#define MAX_ITEMS 512 // x", "MAX_ITEMS"), Some(512));
     assert_eq!(define("#define MAX_ITEMS_2 7", "MAX_ITEMS"), None);
     let src = "#define HEADS 8\n#define MAX_PARTIALS (1024 * HEADS)\n#define BAD (HEADS + 1)";
