@@ -12,6 +12,14 @@ timed the same way (`% same-size copy`), the roof a small, launch-bound shape ca
 
 With --before, a column gives the variant that was accepted before (same session), so a
 new winner is compared with the variant it replaces, not only with the reference.
+
+--bench and --torch may each be given several times: rounds of the same versions timed in
+one session (scripts/suite-repeat-h200.sh). Times are then the median over the rounds,
+with their range, and each memory-bound shape is judged against the faster PyTorch with
+the rounds' spread (two runs of one version differ by a few percent): "slower" only when
+every round of the variant is slower than every round of the best PyTorch, "faster" when
+every round is faster, "within the spread" otherwise. One round of each is judged by its
+single ratio.
 """
 import argparse
 import json
@@ -45,82 +53,138 @@ def same_shape(bench_shape, torch_shape):
     )
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def timed(xs, digits=2):
+    """`median` or `median (min-max)` of several rounds."""
+    if len(xs) == 1:
+        return f"{xs[0]:.{digits}f}"
+    return f"{median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
+
+
+def verdict(variant, best):
+    """faster / slower / tie of the variant's rounds against the best PyTorch's rounds."""
+    if len(variant) == 1 and len(best) == 1:
+        return "faster" if variant[0] < best[0] else "slower" if variant[0] > best[0] else "tie"
+    if max(variant) < min(best):
+        return "faster"
+    if min(variant) > max(best):
+        return "slower"
+    return "tie"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bench", required=True)
-    ap.add_argument("--torch", required=True)
+    ap.add_argument("--bench", required=True, action="append",
+                    help="cargo kopt bench JSON; repeat for rounds of one session")
+    ap.add_argument("--torch", required=True, action="append",
+                    help="torch_compare.py JSON; repeat for rounds of one session")
     ap.add_argument("--before")
     args = ap.parse_args()
-    bench = json.load(open(args.bench))
-    torch = json.load(open(args.torch))
+    benches = [json.load(open(f)) for f in args.bench]
+    torches = [json.load(open(f)) for f in args.torch]
     before = {}
     if args.before:
         for r in json.load(open(args.before))["rows"]:
             before[(r["kernel"], r["shape"])] = r
-    copy_gbs = bench["ceilings"]["copy_gbs"]
+    copy_gbs = [b["ceilings"]["copy_gbs"] for b in benches]
+    rounds = len(benches) > 1 or len(torches) > 1
 
-    def torch_us(kernel, shape, impl):
+    def torch_us(torch, kernel, shape, impl):
         for r in torch["rows"]:
-            if r["kernel"] == TORCH_NAME.get(kernel, kernel) and r["impl"] == impl and same_shape(shape, r["shape"]):
+            if (r["kernel"] == TORCH_NAME.get(kernel, kernel) and r["impl"] == impl
+                    and same_shape(shape, r["shape"]) and "us" in r):
                 return r["us"], r.get("bytes")
         return None, None
+
+    def rows_of(bench, kernel, shape):
+        return next((r for r in bench["rows"] if r["kernel"] == kernel and r["shape"] == shape), None)
 
     head = ["kernel", "shape", "reference µs"]
     if before:
         head.append("previous variant µs")
     head += ["kopt variant µs", "PyTorch eager µs", "torch.compile µs",
              "best PyTorch / variant", "roofline"]
+    if rounds:
+        head.insert(len(head) - 1, "judged over the rounds")
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join(["---", "---"] + ["---:"] * (len(head) - 3) + ["---"]) + "|")
-    mem_pct, large_pct, same_pct, slower, gemm = [], [], [], [], []
-    for r in bench["rows"]:
+    mem_pct, large_pct, same_pct, gemm = [], [], [], []
+    judged = {"faster": [], "tie": [], "slower": []}
+    for r in benches[0]["rows"]:
         if r.get("problem"):
             print(f"| {r['kernel']} | {r['shape']} | {r['problem']} |", file=sys.stderr)
             continue
+        runs = [x for x in (rows_of(b, r["kernel"], r["shape"]) for b in benches)
+                if x and not x.get("problem")]
         shape = parse_shape(r["shape"])
-        eager, nbytes = torch_us(r["kernel"], shape, "eager")
-        comp, _ = torch_us(r["kernel"], shape, "compile")
-        best = min(x for x in (eager, comp) if x is not None) if (eager or comp) else None
-        v = r["active_us"]
-        ratio = best / v if best else None
+        eager = [u for u in (torch_us(t, r["kernel"], shape, "eager")[0] for t in torches) if u]
+        comp = [u for u in (torch_us(t, r["kernel"], shape, "compile")[0] for t in torches) if u]
+        nbytes = next((b for b in (torch_us(t, r["kernel"], shape, "eager")[1] for t in torches) if b), None)
+        # Each round's faster PyTorch: eager and compiled of the same torch_compare run.
+        best = []
+        for t in torches:
+            e, _ = torch_us(t, r["kernel"], shape, "eager")
+            c, _ = torch_us(t, r["kernel"], shape, "compile")
+            if e or c:
+                best.append(min(x for x in (e, c) if x))
+        v = [x["active_us"] for x in runs]
+        ratio = median(best) / median(v) if best else None
         if r["kernel"] in COMPUTE_BOUND:
-            pct_cublas = 100 * best / v if best else float("nan")
-            roof = f"{r['flops_pct']:.1f}% of f16 peak; {pct_cublas:.0f}% of cuBLAS"
+            pct_cublas = 100 * ratio if ratio else float("nan")
+            flops = median([x["flops_pct"] for x in runs])
+            roof = f"{flops:.1f}% of f16 peak; {pct_cublas:.0f}% of cuBLAS"
             gemm.append(pct_cublas)
+            judge = verdict(v, best) if best else None
         else:
-            pct = r["copy_bandwidth_pct"]
+            pct = median([x["copy_bandwidth_pct"] for x in runs])
             roof = f"{pct:.1f}% of copy bw"
             mem_pct.append(pct)
-            same = r.get("same_size_copy_pct")
-            if same is not None:
-                roof += f"; {same:.1f}% of a same-size copy"
-                same_pct.append(same)
+            same = [x["same_size_copy_pct"] for x in runs if x.get("same_size_copy_pct") is not None]
+            if same:
+                roof += f"; {median(same):.1f}% of a same-size copy"
+                same_pct.append(median(same))
             if nbytes and nbytes >= LARGE_BYTES:
                 large_pct.append(pct)
-            if ratio is not None and ratio < 1:
-                slower.append((r["kernel"], r["shape"], round(ratio, 3)))
-        cells = [r["kernel"], r["shape"], f"{r['reference_us']:.2f}"]
+            judge = verdict(v, best) if best else None
+            if judge:
+                judged[judge].append((r["kernel"], r["shape"], round(ratio, 3)))
+        cells = [r["kernel"], r["shape"], timed([x["reference_us"] for x in runs])]
         if before:
             b = before.get((r["kernel"], r["shape"]))
             cells.append(f"{b['active_us']:.2f}" if b else "–")
-        cells += [f"{v:.2f}", f"{eager:.2f}" if eager else "–", f"{comp:.2f}" if comp else "–",
-                  f"{ratio:.2f}x" if ratio else "–", roof]
+        cells += [timed(v), timed(eager) if eager else "–", timed(comp) if comp else "–",
+                  f"{ratio:.2f}x" if ratio else "–"]
+        if rounds:
+            cells.append({"tie": "within the spread"}.get(judge, judge or "–"))
+        cells.append(roof)
         print("| " + " | ".join(cells) + " |")
 
     def geomean(xs):
         return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
     print()
-    print(f"copy bandwidth: {copy_gbs:.0f} GB/s (kopt's ceiling, same session)")
+    print(f"copy bandwidth: {timed(copy_gbs, 0)} GB/s (kopt's ceiling, same session"
+          + (f"; {len(benches)} bench rounds, {len(torches)} PyTorch rounds" if rounds else "") + ")")
     print(f"geomean copy-bandwidth share over {len(mem_pct)} memory-bound shapes: "
           f"{geomean(mem_pct):.1f}%")
     print(f"geomean over the {len(large_pct)} memory-bound shapes that move at least "
           f"{LARGE_BYTES >> 20} MB: {geomean(large_pct):.1f}%")
     if same_pct:
         print(f"geomean share of a same-size one-launch copy over {len(same_pct)} memory-bound "
-              f"shapes: {geomean(same_pct):.1f}% ({bench.get('same_size_copy', '')})")
+              f"shapes: {geomean(same_pct):.1f}% ({benches[0].get('same_size_copy', '')})")
     print(f"GEMM share of cuBLAS: {', '.join(f'{x:.0f}%' for x in gemm)}")
-    print(f"memory-bound shapes slower than the best PyTorch: {len(slower)} {slower}")
+    if rounds:
+        print(f"memory-bound shapes against the best PyTorch, judged over the rounds: "
+              f"{len(judged['faster'])} faster, {len(judged['tie'])} within the spread "
+              f"{judged['tie']}, {len(judged['slower'])} slower {judged['slower']}")
+    else:
+        slower = judged["slower"]
+        print(f"memory-bound shapes slower than the best PyTorch: {len(slower)} {slower}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 // - few long rows (split_rows: rows < 256, cols >= 1024): a cluster of CLUSTER blocks per
 //   row, each taking a slice; the blocks exchange their (max, sum of exp) through
 //   distributed shared memory (mapa + ld.shared::cluster, barrier.cluster), so 16 rows
-//   fill 128 SMs at CLUSTER = 8;
+//   fill 128 SMs;
 // - short rows (warp_rows: cols <= 128 x WARP_CACHE): one warp per row, WARPS rows per
 //   block (blockDim.x / 32), the row in registers (WARP_CACHE float4 per lane: 1024
 //   floats per warp), reduced by shuffles alone: no block barrier, so a warp that
@@ -20,17 +20,7 @@
 // Vectors: 16-byte loads and stores over the 16-byte aligned body of each row; the
 // unaligned head (when cols % 4 != 0) and the tail are done one float at a time.
 #define NEG_INF __int_as_float(0xff800000)
-// Blocks per row in split mode, compiled in as the cluster size (a power of two, 8 at most:
-// the portable cluster sizes).
-#ifndef CLUSTER
 #define CLUSTER 8
-#endif
-// Split mode's float4s per thread as the launch rule sizes the block (cols / CLUSTER /
-// (4 SPLIT_VECS) threads, at most 1024; a thread takes the rest past its CACHE vectors in a
-// loop). Read by the launch rule only.
-#ifndef SPLIT_VECS
-#define SPLIT_VECS 4
-#endif
 #ifndef CACHE
 #define CACHE 8
 #endif
@@ -225,9 +215,6 @@ __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
     if (has_tail) yr[tail0 + lane] = tv * inv;
 }
 
-static_assert(CLUSTER >= 1 && CLUSTER <= 8 && (CLUSTER & (CLUSTER - 1)) == 0,
-              "CLUSTER: a power of two, at most 8");
-
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(1024)
 softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int rows,
             unsigned int cols) {
@@ -301,9 +288,8 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
         cluster_wait();
 #if GATHER
         // Lane r of warp 0 reads block r's pair (CLUSTER remote loads a block, in parallel),
-        // and a butterfly over lanes 0..CLUSTER-1 (CLUSTER a power of two) merges them;
-        // lane 0's result, computed by the same operations on the same values in every
-        // block, is the row's statistics.
+        // and a butterfly over lanes 0..CLUSTER-1 merges them; lane 0's result, computed by
+        // the same operations on the same values in every block, is the row's statistics.
         if (warp == 0) {
             float2 o = lane < CLUSTER ? load_remote(&block_stats, lane)
                                       : make_float2(NEG_INF, 0.0f);
