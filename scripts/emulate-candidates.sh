@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # No GPU needed: runs the hand-written candidates of examples/llm-kernels/agents/
-# (layer_norm, rmsnorm, softmax without its cluster mode, transpose, silu_mul, gemm, gqa_decode,
-# gqa_decode_pipe and gqa_decode_streamk) in a CPU emulation of their blocks (one thread
+# (layer_norm, rmsnorm, softmax without its cluster mode, transpose, silu_mul, gemm, gqa_decode
+# and gqa_decode_pipe) in a CPU emulation of their blocks (one thread
 # per CUDA thread; __syncthreads, warp shuffles, ldmatrix, mma.sync m16n8k16 and
 # deferred cp.async groups emulated in scripts/emulate-candidates/*.h) and compares them
 # with f64 references on small and edge shapes. Needs g++ (C++20) and python3.
@@ -31,7 +31,6 @@ def conv(name, out, gemm=False, gqa=False, dyn_smem=False):
     open(f"{work}/{out}", "w").write(s)
 conv('gqa_decode.cu', 'gqa.cpp', gqa=True)
 conv('gqa_decode_pipe.cu', 'gqa_pipe.cpp', gqa=True, dyn_smem=True)
-conv('gqa_decode_streamk.cu', 'gqa_streamk.cpp', gqa=True, dyn_smem=True)
 conv('layer_norm.cu', 'ln.cpp')
 conv('silu_mul.cu', 'silu.cpp')
 conv('transpose.cu', 'tr.cpp')
@@ -129,33 +128,4 @@ for geometry in "-DWARPS=8 -DSTAGES=3" "-DWARPS=4 -DSTAGES=3" "-DWARPS=8 -DSTAGE
     done
 done
 echo "gqa_decode_pipe: $fails failed"
-[ "$fails" -eq 0 ]
-# gqa_decode_streamk: the tiles of all work items laid end to end and cut into equal block
-# ranges of at most one item, the ring running on across the boundary. Its launch rule's
-# grid (a multiple of the work items on these short shapes; one block per item for 160
-# items), and forced grids (sixth argument, at least the work items) for the stream-K
-# cases (132 blocks over 4099 keys: 15.6 tiles a block): blocks that end or
-# start inside an item (partials in slot 2b or 2b + 1), lie inside one, start exactly at an
-# item, hold one tile, or nothing (grids larger than the tile count), segments of fewer
-# tiles than warps (some warps with none on one side), items shorter than a tile. Each in
-# the proposal's geometry and two of its matrix's, with copies landing at their wait and
-# at their issue.
-streamk_shapes=("1 32 8 1 132" "1 32 8 17 132" "2 32 8 1000 132" "1 32 8 4099 132"
-    "3 16 8 333 132" "1 64 8 515 132" "2 33 3 77 132 9" "20 32 8 64 132" "1 32 8 40 132 11"
-    "1 16 16 31 132 23" "2 32 8 2500 40" "1 32 8 300 132 13" "3 32 8 100 132 29"
-    "1 32 8 48 132 40" "1 8 8 5 132 9" "2 24 8 200 264 29" "8 32 8 160 132 132"
-    "2 32 8 1000 132 100" "1 32 8 4099 132 132" "1 32 8 4096 132 12" "2 32 8 129 132 17")
-streamk_short=("1 32 8 17 132" "2 33 3 77 132 9" "1 32 8 40 132 11" "3 32 8 100 132 29"
-    "1 8 8 5 132 9" "2 24 8 200 264 29" "1 32 8 48 132 40" "2 32 8 129 132 17")
-for geometry in "-DWARPS=8 -DSTAGES=3" "-DWARPS=4 -DSTAGES=2" "-DWARPS=8 -DSTAGES=2"; do
-    for copies in "" "-DCP_ASYNC_EAGER"; do
-        bin="gqa_streamk_test${geometry// /}$copies"
-        g++ $flags -DSTREAMK $geometry $copies gqa_test.cpp -o "$bin"
-        if [ "$geometry" = "-DWARPS=8 -DSTAGES=3" ]; then shapes=("${streamk_shapes[@]}"); else shapes=("${streamk_short[@]}"); fi
-        for s in "${shapes[@]}"; do
-            "./$bin" $s || fails=$((fails + 1))
-        done
-    done
-done
-echo "gqa_decode_streamk: $fails failed"
 [ "$fails" -eq 0 ]

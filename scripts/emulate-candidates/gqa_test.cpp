@@ -5,16 +5,7 @@
 // rings of STAGES tiles of 8 KB, as its launch rule says); otherwise gqa_decode.cu.
 #define STR2(x) #x
 #define STR(x) STR2(x)
-#if defined(STREAMK)
-#include "gqa_streamk.cpp"
-#define BLOCK_THREADS (WARPS * 32)
-#define DYN_SMEM (WARPS * STAGES * 8192)
-#ifdef CP_ASYNC_EAGER
-#define NAME "gqa_decode_streamk WARPS " STR(WARPS) " STAGES " STR(STAGES) " eager copies"
-#else
-#define NAME "gqa_decode_streamk WARPS " STR(WARPS) " STAGES " STR(STAGES) " deferred copies"
-#endif
-#elif defined(PIPE)
+#ifdef PIPE
 #include "gqa_pipe.cpp"
 #define BLOCK_THREADS (WARPS * 32)
 #define DYN_SMEM (WARPS * STAGES * 8192)
@@ -42,26 +33,10 @@ int main(int argc, char** argv) {
     unsigned items = batch * kvh * cdiv(qh / kvh, 8);
     unsigned s0 = std::max(1u, wave / items), per = cdiv(cdiv(seq, s0), 16) * 16, splits = cdiv(seq, per);
     if (argc > 6) splits = atoi(argv[6]);
-#ifdef STREAMK
-    // Its launch rule: one row of blocks; one per work item when they are WAVE_BLOCKS or
-    // more, WAVE_BLOCKS where every warp gets STREAMK_MIN tiles or more, else a multiple of
-    // the work items. The sixth argument overrides the count (at least the work items; more
-    // blocks than tiles leaves some with nothing to do).
-    unsigned grid_y = 1, total = items * cdiv(seq, 16);
-    if (items >= wave)
-        splits = items;
-    else if (total >= STREAMK_MIN * WARPS * wave)
-        splits = wave;
-    else
-        splits = items * std::max(1u, std::min(wave / items, cdiv(cdiv(seq, 16), WARPS)));
-    if (argc > 6) splits = atoi(argv[6]);
-#else
-    unsigned grid_y = items;
-#endif
     int fails = 0;
     for (int rep = 0; rep < 2; ++rep) {  // twice: the arrival counters must be reset
         for (auto& x : o) x = __float2half(NAN);
-        launch({splits, grid_y}, {BLOCK_THREADS, 1}, DYN_SMEM, [&] {
+        launch({splits, items}, {BLOCK_THREADS, 1}, DYN_SMEM, [&] {
             gqa_decode_f16(q.data(), k.data(), v.data(), o.data(), batch, qh, kvh, seq);
         });
         size_t bad = 0; double maxerr = 0;
@@ -78,7 +53,7 @@ int main(int argc, char** argv) {
                 if (!(err <= 1e-2 + 1e-2 * std::fabs(a))) { if (bad < 3) printf("  bad b%u h%u d%d got %f want %f\n", b, h, e, got, a); ++bad; }
                 if (!(err <= maxerr)) maxerr = err; }
         }
-        printf(NAME " B%u Hq%u Hkv%u S%u grid %ux%u run %d: max abs err %.2e bad %zu\n", batch, qh, kvh, seq, splits, grid_y, rep, maxerr, bad);
+        printf(NAME " B%u Hq%u Hkv%u S%u grid %ux%u run %d: max abs err %.2e bad %zu\n", batch, qh, kvh, seq, splits, items, rep, maxerr, bad);
         fails += bad != 0;
     }
     return fails;

@@ -31,12 +31,8 @@ const MORE_CANDIDATES: &[(&str, &[&str])] = &[
     // The same kernel with other rows per block in the warp-per-row mode (`WARPS`), then
     // with one warp gathering the cluster's statistics (`GATHER`).
     ("softmax", &["softmax.cu", "softmax.cu", "softmax.cu"]),
-    // K and V through a per-warp cp.async shared-memory ring; then the same ring with a
-    // stream-K split.
-    (
-        "gqa_decode",
-        &["gqa_decode_pipe.cu", "gqa_decode_streamk.cu"],
-    ),
+    // K and V through a per-warp cp.async shared-memory ring.
+    ("gqa_decode", &["gqa_decode_pipe.cu"]),
 ];
 
 /// The most dynamic shared memory one block may have on the GPUs kopt targets (sm_90:
@@ -184,14 +180,11 @@ fn check_launchable_with(
         .collect();
     let smem = parse_launch(spec, defines, &launch.smem);
     let cluster = cluster_x(source, defines);
-    // The GQA kernels' split scratch: per work item and split (MAX_ITEMS, MAX_PARTIALS), or
-    // two partials per block of a one-row grid (MAX_BLOCKS, MAX_PARTIALS: stream-K).
     let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
-    let block_scratch = define(source, "MAX_BLOCKS");
     assert_eq!(
-        split_scratch.0.is_some() || block_scratch.is_some(),
+        split_scratch.0.is_some(),
         split_scratch.1.is_some(),
-        "{name}: MAX_ITEMS or MAX_BLOCKS, and MAX_PARTIALS, must be readable (an integer or a product of integers and defines), or the scratch check would not run"
+        "{name}: MAX_ITEMS and MAX_PARTIALS must both be readable (an integer or a product of integers and defines), or the scratch check would not run"
     );
 
     let shapes = all_shapes(spec);
@@ -227,23 +220,7 @@ fn check_launchable_with(
                 "{shape}: the compiled-in cluster size {c} must divide the grid"
             );
         }
-        if let (Some(blocks), Some(partials)) = (block_scratch, split_scratch.1) {
-            // Stream-K: a one-row grid of at least one block per work item (a range then
-            // touches two items at most), and either one block per item (no partials) or
-            // at most MAX_BLOCKS blocks (two partial slots each).
-            let heads = define(source, "HEADS").unwrap();
-            let var = |n: &str| vars.iter().find(|(k, _)| *k == n).unwrap().1;
-            let group = var("q_heads") / var("kv_heads");
-            let items = var("batch") * var("kv_heads") * ((group + heads - 1) / heads);
-            assert!(
-                g[1] == 1 && g[2] == 1 && g[0] >= items,
-                "{shape}: the stream-K grid needs a block per work item at least ({items})"
-            );
-            assert!(
-                g[0] == items || (g[0] <= blocks && 2 * g[0] * heads <= partials),
-                "{shape}: scratch overrun (two partials per block)"
-            );
-        } else if let (Some(items), Some(partials)) = split_scratch {
+        if let (Some(items), Some(partials)) = split_scratch {
             let heads = define(source, "HEADS").unwrap();
             if g[0] > 1 {
                 assert!(
