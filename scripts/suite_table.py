@@ -122,16 +122,14 @@ def main():
         runs = [x for x in (rows_of(b, r["kernel"], r["shape"]) for b in benches)
                 if x and not x.get("problem")]
         shape = parse_shape(r["shape"])
-        eager = [u for u in (torch_us(t, r["kernel"], shape, "eager")[0] for t in torches) if u]
-        comp = [u for u in (torch_us(t, r["kernel"], shape, "compile")[0] for t in torches) if u]
-        nbytes = next((b for b in (torch_us(t, r["kernel"], shape, "eager")[1] for t in torches) if b), None)
+        # Per PyTorch round: (eager µs, bytes), (compiled µs, bytes).
+        per_round = [(torch_us(t, r["kernel"], shape, "eager"), torch_us(t, r["kernel"], shape, "compile"))
+                     for t in torches]
+        eager = [e for (e, _), _ in per_round if e]
+        comp = [c for _, (c, _) in per_round if c]
+        nbytes = next((b for (_, b), _ in per_round if b), None)
         # Each round's faster PyTorch: eager and compiled of the same torch_compare run.
-        best = []
-        for t in torches:
-            e, _ = torch_us(t, r["kernel"], shape, "eager")
-            c, _ = torch_us(t, r["kernel"], shape, "compile")
-            if e or c:
-                best.append(min(x for x in (e, c) if x))
+        best = [min(x for x in (e, c) if x) for (e, _), (c, _) in per_round if e or c]
         v = [x["active_us"] for x in runs]
         ratio = median(best) / median(v) if best else None
         if r["kernel"] in COMPUTE_BOUND:
