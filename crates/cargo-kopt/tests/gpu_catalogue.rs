@@ -329,3 +329,67 @@ fn same_size_copies_are_timed_like_kernels() {
     );
     assert!(copies[2].timing.method.contains("L2 cold"));
 }
+
+/// A kernel compiled with a non-portable cluster size (16 blocks; sm_90 and later) launches
+/// through the engine: the worker opens the limit as the generated launcher does
+/// (`kopt::open_launch_limits`). Without that the launch fails and the candidate is not
+/// correct.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cluster_of_16_blocks_launches() {
+    if !kopt::gpu::available_for_test() {
+        return;
+    }
+    let root = example_root();
+    let scratch = tempfile::tempdir().unwrap();
+    let g = gather::gather_crate("llm-kernels", &root, scratch.path());
+    let k = g
+        .kernels
+        .iter()
+        .find(|k| k.spec.name == "softmax")
+        .expect("the example's softmax");
+    let mut engine = Engine::new(
+        WorkerCommand::cuda(worker_program(), 0),
+        None,
+        kopt_engine::ceilings::CeilingsCache::at(scratch.path().join("ceilings.json")),
+    );
+    engine.worker.step_timeout = std::time::Duration::from_secs(15);
+    let info = engine.device().expect("device info");
+    if info.compute_capability.0 < 9 {
+        println!("{}: no thread-block clusters before sm_90", info.name);
+        return;
+    }
+    // The reference's algorithm, one block per row, in clusters of 16 (the grid rounded up
+    // to whole clusters; the blocks past the last row return).
+    let source = softmax_with(GOOD_WRITE, "").replace(
+        "extern \"C\" __global__ void softmax_f32",
+        "extern \"C\" __global__ void __cluster_dims__(16, 1, 1) softmax_f32",
+    );
+    let mut candidate = KernelVersion {
+        id: "cluster-16".into(),
+        source,
+        ..KernelVersion::reference(&k.spec, "")
+    };
+    let names = k.spec.int_names();
+    let kinds = |n: &str| k.spec.var_kind_with(n, &[]);
+    candidate.launch.grid[0] = kopt_spec::expr::parse_str(
+        "round_up(rows, 16)",
+        kopt_spec::expr::Ty::Int,
+        &kinds,
+        &names,
+    )
+    .unwrap();
+    let settings = Settings {
+        timing: TimingPolicy {
+            max_seconds: 0.2,
+            max_samples: 15,
+            ..TimingPolicy::default()
+        },
+        ..Settings::default()
+    };
+    let job = eval::job(&g, k, candidate, None, &settings, true);
+    let ev = engine.evaluate(&job, &mut |_| {});
+    let verdict = Judge::new(None).judge(&ev.report);
+    println!("{}", verdict.summary());
+    assert!(verdict.correct(), "{:?}", verdict.failures);
+}

@@ -198,19 +198,40 @@ pub(crate) fn load(
     let ptx = compile_ptx(kernel, def.id, def.source, def.options, cc)?;
     let module = ctx.load_module(ptx).map_err(Error::driver)?;
     let f = module.load_function(def.entry).map_err(Error::driver)?;
-    // Let launches use the device's opt-in shared memory (above 48 KiB needs this).
     let optin = ctx
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         .map_err(Error::driver)?;
-    let static_smem = f.shared_size_bytes().map_err(Error::driver)?;
-    if optin > static_smem {
+    open_launch_limits(&f, optin, cc).map_err(Error::driver)?;
+    Ok(f)
+}
+
+/// Lets launches of `f` use what the device allows beyond the defaults, so that a variant
+/// the engine verified launches the same way from the generated launcher: dynamic shared
+/// memory up to the device's opt-in limit per block (`max_shared_optin`; above 48 KiB
+/// needs this) and, from sm_90, thread-block clusters larger than the portable 8 blocks
+/// (a kernel compiled with `__cluster_dims__(16, 1, 1)` does not launch without it).
+/// Errors: the driver's, when it refuses the shared-memory limit.
+pub fn open_launch_limits(
+    f: &CudaFunction,
+    max_shared_optin: i32,
+    cc: (i32, i32),
+) -> Result<(), cudarc::driver::DriverError> {
+    let static_smem = f.shared_size_bytes()?;
+    if max_shared_optin > static_smem {
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            optin - static_smem,
-        )
-        .map_err(Error::driver)?;
+            max_shared_optin - static_smem,
+        )?;
     }
-    Ok(f)
+    if cc.0 >= 9 {
+        // Only widens what a launch may ask: a device that refuses it keeps the portable
+        // limit, and a kernel that needs more fails at its launch with the driver's error.
+        let _ = f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+            1,
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

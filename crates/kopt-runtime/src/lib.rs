@@ -26,7 +26,8 @@ pub mod gpu;
 mod kernel;
 
 pub use compile::{
-    compile_cubin, compile_native, compile_ptx, cuda_include_dirs, options_arch, Native,
+    compile_cubin, compile_native, compile_ptx, cuda_include_dirs, open_launch_limits,
+    options_arch, Native,
 };
 pub use error::Error;
 pub use kernel::{

@@ -322,21 +322,25 @@ impl CudaBackend {
             }
         };
         let result = compiled.and_then(|ptx| {
-                let module = self.ctx.load_module(ptx).map_err(|e| format!("module load: {e:?}"))?;
-                let f = module.load_function(&v.entry).map_err(|e| format!("no function `{}` in the module: {e:?}", v.entry))?;
-                let optin = self.info.max_shared_per_block_optin as i32;
-                let attrs = FunctionAttributes {
-                    registers: f.num_regs().unwrap_or(0) as u32,
-                    static_shared_bytes: f.shared_size_bytes().unwrap_or(0) as u32,
-                    local_bytes: f.local_size_bytes().unwrap_or(0) as u32,
-                    max_threads_per_block: f.max_threads_per_block().unwrap_or(0) as u32,
-                };
-                let _ = f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    optin - attrs.static_shared_bytes as i32,
-                );
-                Ok((f, attrs))
-            });
+            let module = self
+                .ctx
+                .load_module(ptx)
+                .map_err(|e| format!("module load: {e:?}"))?;
+            let f = module
+                .load_function(&v.entry)
+                .map_err(|e| format!("no function `{}` in the module: {e:?}", v.entry))?;
+            let optin = self.info.max_shared_per_block_optin as i32;
+            let attrs = FunctionAttributes {
+                registers: f.num_regs().unwrap_or(0) as u32,
+                static_shared_bytes: f.shared_size_bytes().unwrap_or(0) as u32,
+                local_bytes: f.local_size_bytes().unwrap_or(0) as u32,
+                max_threads_per_block: f.max_threads_per_block().unwrap_or(0) as u32,
+            };
+            // As the generated launcher does (kopt::open_launch_limits), so that what is
+            // verified here launches there; a refusal shows at the launch that needs it.
+            let _ = kopt::open_launch_limits(&f, optin, cc);
+            Ok((f, attrs))
+        });
         let entry = match result {
             Ok((f, attrs)) => (
                 Some(f),
