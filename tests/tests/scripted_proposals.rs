@@ -29,12 +29,8 @@ const MORE_CANDIDATES: &[(&str, &[&str])] = &[
     // The same kernel with other few-token geometries (`SMALL_U`, `SMALL_THREADS`).
     ("silu_mul", &["silu_mul.cu", "silu_mul.cu"]),
     // The same kernel with other rows per block in the warp-per-row mode (`WARPS`), then
-    // with one warp gathering the cluster's statistics (`GATHER`), then in clusters of 16
-    // (`CLUSTER`).
-    (
-        "softmax",
-        &["softmax.cu", "softmax.cu", "softmax.cu", "softmax.cu"],
-    ),
+    // with one warp gathering the cluster's statistics (`GATHER`).
+    ("softmax", &["softmax.cu", "softmax.cu", "softmax.cu"]),
     // K and V through a per-warp cp.async shared-memory ring.
     ("gqa_decode", &["gqa_decode_pipe.cu"]),
 ];

@@ -3,11 +3,10 @@
 // pass and the write pass (rows longer than the register footprint re-read the rest).
 //
 // Three modes, chosen from (rows, cols) by the same tests as the launch rule:
-// - few long rows (split_rows: rows < 256, cols >= 1024): the blocks of a cluster take a
-//   row each (CLUSTER blocks a row, or CLUSTER / 2 when CLUSTER = 16 would make the grid
-//   larger than 128 blocks), each block a slice; the blocks exchange their (max, sum of
-//   exp) through distributed shared memory (mapa + ld.shared::cluster, barrier.cluster),
-//   so 16 rows fill 128 SMs, and 8 rows 64 SMs at CLUSTER = 8 and 128 at CLUSTER = 16;
+// - few long rows (split_rows: rows < 256, cols >= 1024): a cluster of CLUSTER blocks per
+//   row, each taking a slice; the blocks exchange their (max, sum of exp) through
+//   distributed shared memory (mapa + ld.shared::cluster, barrier.cluster), so 16 rows
+//   fill 128 SMs;
 // - short rows (warp_rows: cols <= 128 x WARP_CACHE): one warp per row, WARPS rows per
 //   block (blockDim.x / 32), the row in registers (WARP_CACHE float4 per lane: 1024
 //   floats per warp), reduced by shuffles alone: no block barrier, so a warp that
@@ -21,12 +20,7 @@
 // Vectors: 16-byte loads and stores over the 16-byte aligned body of each row; the
 // unaligned head (when cols % 4 != 0) and the tail are done one float at a time.
 #define NEG_INF __int_as_float(0xff800000)
-// The compiled-in cluster size: 8 (portable) or 16 (non-portable; kopt allows it when it
-// loads the kernel). Split mode gives a row all CLUSTER blocks of a cluster when that
-// keeps the grid within 128 blocks, else half of them (two rows a cluster).
-#ifndef CLUSTER
 #define CLUSTER 8
-#endif
 #ifndef CACHE
 #define CACHE 8
 #endif
@@ -60,11 +54,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // Same test as the launch rule's grid and block expressions.
 __device__ __forceinline__ bool split_rows(unsigned int rows, unsigned int cols) {
     return rows < 256u && cols >= 1024u;
-}
-// Blocks per row in split mode (the launch rule's grid is ceil(rows / (CLUSTER /
-// row_blocks)) * CLUSTER and its block cols / row_blocks / 16 threads).
-__device__ __forceinline__ unsigned int row_blocks(unsigned int rows) {
-    return CLUSTER > 8 && rows * CLUSTER > 128u ? CLUSTER / 2 : CLUSTER;
 }
 __device__ __forceinline__ bool warp_rows(unsigned int rows, unsigned int cols) {
     return !split_rows(rows, cols) && cols <= 128u * WARP_CACHE;
@@ -226,8 +215,6 @@ __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
     if (has_tail) yr[tail0 + lane] = tv * inv;
 }
 
-static_assert(CLUSTER == 8 || CLUSTER == 16, "CLUSTER: 8 or 16");
-
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(1024)
 softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int rows,
             unsigned int cols) {
@@ -241,23 +228,16 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
     __shared__ float2 row_stats;
 #endif
     const bool split = split_rows(rows, cols);
-    // Split mode: the cluster's blocks are rows of `parts` blocks each; block `part` of its
-    // row takes a slice. The last cluster's blocks past the last row (two rows a cluster)
-    // load and store nothing but still meet the cluster barriers.
-    const unsigned int rank = split ? cluster_rank() : 0u;
-    const unsigned int parts = split ? row_blocks(rows) : 1u;
-    const unsigned int part = rank % parts, first_rank = rank - part;
-    const unsigned int row =
-        split ? blockIdx.x / CLUSTER * (CLUSTER / parts) + rank / parts : blockIdx.x;
+    const unsigned int part = split ? cluster_rank() : 0u;
+    const unsigned int parts = split ? CLUSTER : 1u;
+    const unsigned int row = split ? blockIdx.x / CLUSTER : blockIdx.x;
     if (!split && row >= rows) return;  // padding blocks of the last cluster
-    const bool live = row < rows;
 
-    const float* xr = x + (size_t)(live ? row : 0) * cols;
-    float* yr = y + (size_t)(live ? row : 0) * cols;
+    const float* xr = x + (size_t)row * cols;
+    float* yr = y + (size_t)row * cols;
     // Scalar head up to the first 16-byte boundary, float4 body, scalar tail.
     unsigned int head, nv;
     row_body(xr, yr, cols, head, nv);
-    if (!live) head = nv = 0;
     const float4* xv = reinterpret_cast<const float4*>(xr + head);
     float4* yv = reinterpret_cast<float4*>(yr + head);
     const unsigned int per = (nv + parts - 1) / parts;
@@ -282,7 +262,7 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
         m = nm;
     }
     const unsigned int tail0 = head + 4 * nv;  // first element after the body
-    if (part == 0 && live) {
+    if (part == 0) {
         for (unsigned int c = tid; c < head; c += bs) add(m, s, xr[c]);
         for (unsigned int c = tail0 + tid; c < cols; c += bs) add(m, s, xr[c]);
     }
@@ -307,13 +287,12 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
         cluster_arrive();
         cluster_wait();
 #if GATHER
-        // Lane r of warp 0 reads the pair of its row's block r (`parts` remote loads a
-        // block, in parallel), and a butterfly over lanes 0..CLUSTER-1 merges them (the
-        // lanes past `parts` hold empty pairs); lane 0's result, computed by the same
-        // operations on the same values in every block of the row, is the row's statistics.
+        // Lane r of warp 0 reads block r's pair (CLUSTER remote loads a block, in parallel),
+        // and a butterfly over lanes 0..CLUSTER-1 merges them; lane 0's result, computed by
+        // the same operations on the same values in every block, is the row's statistics.
         if (warp == 0) {
-            float2 o = lane < parts ? load_remote(&block_stats, first_rank + lane)
-                                    : make_float2(NEG_INF, 0.0f);
+            float2 o = lane < CLUSTER ? load_remote(&block_stats, lane)
+                                      : make_float2(NEG_INF, 0.0f);
 #pragma unroll
             for (int off = CLUSTER / 2; off > 0; off >>= 1) {
                 const float m2 = __shfl_xor_sync(0xffffffffu, o.x, off);
@@ -329,8 +308,8 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
         st = row_stats;
 #else
         st = make_float2(NEG_INF, 0.0f);
-        for (unsigned int r = 0; r < parts; ++r) {
-            const float2 o = load_remote(&block_stats, first_rank + r);
+        for (unsigned int r = 0; r < CLUSTER; ++r) {
+            const float2 o = load_remote(&block_stats, r);
             merge(st.x, st.y, o.x, o.y);
         }
         // No block may exit while another can still read its shared memory: arrive now,
@@ -354,7 +333,7 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
         yv[v] = make_float4(__expf(a.x - m) * inv, __expf(a.y - m) * inv, __expf(a.z - m) * inv,
                             __expf(a.w - m) * inv);
     }
-    if (part == 0 && live) {
+    if (part == 0) {
         for (unsigned int c = tid; c < head; c += bs) yr[c] = __expf(xr[c] - m) * inv;
         for (unsigned int c = tail0 + tid; c < cols; c += bs) yr[c] = __expf(xr[c] - m) * inv;
     }
