@@ -28,6 +28,30 @@ fn example_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/llm-kernels")
 }
 
+/// The example crate gathered into `scratch` (the example's softmax is `softmax_of` it).
+fn gathered(scratch: &Path) -> gather::Gathered {
+    gather::gather_crate("llm-kernels", &example_root(), scratch)
+}
+
+fn softmax_of(g: &gather::Gathered) -> &gather::Kernel {
+    g.kernels
+        .iter()
+        .find(|k| k.spec.name == "softmax")
+        .expect("the example's softmax")
+}
+
+/// An engine on GPU 0 through the staged worker, its ceilings cached in `scratch`, each
+/// step allowed `step_timeout_s` seconds.
+fn gpu_engine(scratch: &Path, step_timeout_s: u64) -> Engine {
+    let mut engine = Engine::new(
+        WorkerCommand::cuda(worker_program(), 0),
+        None,
+        kopt_engine::ceilings::CeilingsCache::at(scratch.join("ceilings.json")),
+    );
+    engine.worker.step_timeout = std::time::Duration::from_secs(step_timeout_s);
+    engine
+}
+
 const HEADER: &str = "#define NEG_INF __int_as_float(0xff800000)\n";
 
 /// The reference's algorithm with a twist: `body` replaces the final loop (the write);
@@ -157,12 +181,8 @@ fn bad_candidates_are_rejected_for_the_right_reason() {
     }
     let root = example_root();
     let scratch = tempfile::tempdir().unwrap();
-    let g = gather::gather_crate("llm-kernels", &root, scratch.path());
-    let k = g
-        .kernels
-        .iter()
-        .find(|k| k.spec.name == "softmax")
-        .expect("the example's softmax");
+    let g = gathered(scratch.path());
+    let k = softmax_of(&g);
     let shipped = std::fs::read_to_string(root.join("kopt/softmax/online-vec4/kernel.cu")).unwrap();
     let shipped_variant = kopt_spec::files::VariantFile::parse(
         &std::fs::read_to_string(root.join("kopt/softmax/online-vec4/variant.toml")).unwrap(),
@@ -177,12 +197,7 @@ fn bad_candidates_are_rejected_for_the_right_reason() {
         },
         ..Settings::default()
     };
-    let mut engine = Engine::new(
-        WorkerCommand::cuda(worker_program(), 0),
-        None,
-        kopt_engine::ceilings::CeilingsCache::at(scratch.path().join("ceilings.json")),
-    );
-    engine.worker.step_timeout = std::time::Duration::from_secs(15);
+    let mut engine = gpu_engine(scratch.path(), 15);
     let ceilings = engine.ceilings(false).expect("ceilings");
     let judge = Judge::new(Some(ceilings));
     let region = k.spec.parse_region("cols % 4 == 0").unwrap();
@@ -295,12 +310,7 @@ fn same_size_copies_are_timed_like_kernels() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let mut engine = Engine::new(
-        WorkerCommand::cuda(worker_program(), 0),
-        None,
-        kopt_engine::ceilings::CeilingsCache::at(scratch.path().join("ceilings.json")),
-    );
-    engine.worker.step_timeout = std::time::Duration::from_secs(60);
+    let mut engine = gpu_engine(scratch.path(), 60);
     let ceilings = engine.ceilings(false).expect("ceilings");
     let sizes = [16 << 10, 8 << 20, 512 << 20];
     let copies = engine.copy_times(&sizes, &mut |_| {}).expect("copy times");
@@ -340,20 +350,10 @@ fn a_cluster_of_16_blocks_launches() {
     if !kopt::gpu::available_for_test() {
         return;
     }
-    let root = example_root();
     let scratch = tempfile::tempdir().unwrap();
-    let g = gather::gather_crate("llm-kernels", &root, scratch.path());
-    let k = g
-        .kernels
-        .iter()
-        .find(|k| k.spec.name == "softmax")
-        .expect("the example's softmax");
-    let mut engine = Engine::new(
-        WorkerCommand::cuda(worker_program(), 0),
-        None,
-        kopt_engine::ceilings::CeilingsCache::at(scratch.path().join("ceilings.json")),
-    );
-    engine.worker.step_timeout = std::time::Duration::from_secs(15);
+    let g = gathered(scratch.path());
+    let k = softmax_of(&g);
+    let mut engine = gpu_engine(scratch.path(), 15);
     let info = engine.device().expect("device info");
     if info.compute_capability.0 < 9 {
         println!("{}: no thread-block clusters before sm_90", info.name);
