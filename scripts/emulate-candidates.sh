@@ -40,6 +40,7 @@ conv('rmsnorm.cu', 'rms.cpp')
 s = open(f"{agents}/softmax.cu").read().replace('extern "C" __global__', '')
 s = re.sub(r'__device__ __forceinline__ unsigned int cluster_rank.*?\n}\n\n(?=// One warp per row)', '', s, flags=re.S)
 s = s.replace('__device__ __forceinline__ void warp_merge', '''unsigned cluster_rank() { abort(); }
+unsigned cluster_blocks() { abort(); }
 void cluster_arrive() { abort(); }
 void cluster_wait() { abort(); }
 float2 load_remote(const float2*, unsigned) { abort(); }
@@ -63,7 +64,7 @@ g++ $flags gemm_test.cpp -o gemm_test
 g++ $flags -DWIDE_MIN_TILES=1 gemm_test.cpp -o gemm_test_wide
 g++ $flags norms_test.cpp -o norms_test
 # The softmax and silu_mul proposals differ only in geometry defines: each runs.
-for geometry in "-DWARPS=4" "-DWARPS=2"; do
+for geometry in "-DWARPS=1" "-DWARPS=2"; do
     g++ $flags $geometry norms_test.cpp -o "norms_test$geometry"
 done
 for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64"; do
@@ -75,7 +76,7 @@ for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3"; do
     "./mem_test$order" | grep transpose
 done
 ./norms_test
-for geometry in "-DWARPS=4" "-DWARPS=2"; do
+for geometry in "-DWARPS=1" "-DWARPS=2"; do
     echo "softmax $geometry:"
     "./norms_test$geometry" | grep -E "softmax|failed"
 done

@@ -3,6 +3,7 @@
 // references, with the proposals' launch rules (scripts/emulate-candidates.sh).
 #include "emu.h"
 #define __cluster_dims__(...)
+inline void __trap() { abort(); }
 inline float __int_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 namespace sm {
 #include "sm.cpp"
@@ -22,8 +23,8 @@ static void softmax(unsigned rows, unsigned cols) {
     // The proposal's launch rule, outside the cluster mode (rows < 256 && cols >= 1024).
     if (rows < 256 && cols >= 1024) abort();
     unsigned grid, block;
-    if (cols <= 1024) { grid = round_up(ceil_div(rows, WARPS), 8); block = WARPS * 32; }
-    else { grid = round_up(rows, 8); block = std::min(1024u, std::max(64u, round_up(ceil_div(cols, 32), 32))); }
+    if (cols <= 1024) { grid = ceil_div(rows, WARPS); block = WARPS * 32; }
+    else { grid = rows; block = std::min(1024u, std::max(64u, round_up(ceil_div(cols, 32), 32))); }
     std::vector<float> x(rows * cols), y(rows * cols, NAN);
     for (auto& v : x) v = 3 * nd(rng);
     launch({grid, 1}, {block, 1}, 0, [&] { sm::softmax_f32(x.data(), y.data(), rows, cols); });
@@ -41,9 +42,9 @@ static void softmax(unsigned rows, unsigned cols) {
 }
 static void rmsnorm(unsigned rows, unsigned cols) {
     unsigned grid, block;
-    // The proposal's launch rule: one block per row, cols / 32 threads for 256 rows or
-    // more, cols / 8 for fewer, between 32 and 512.
-    grid = rows; block = std::min(512u, std::max(32u, round_up(ceil_div(cols, rows >= 256 ? 32 : 8), 32)));
+    // The proposal's launch rule: one block per row of cols / 32 threads, between 32 and
+    // 512.
+    grid = rows; block = std::min(512u, std::max(32u, round_up(ceil_div(cols, 32), 32)));
     // 16-byte aligned buffers, as cudaMalloc gives.
     std::vector<uint4> xb(ceil_div(rows * cols, 8)), wb(ceil_div(cols, 8)), yb(ceil_div(rows * cols, 8));
     __half* x = reinterpret_cast<__half*>(xb.data()); __half* w = reinterpret_cast<__half*>(wb.data()); __half* y = reinterpret_cast<__half*>(yb.data());

@@ -28,9 +28,8 @@ const MORE_CANDIDATES: &[(&str, &[&str])] = &[
     ("transpose", &["transpose.cu", "transpose.cu"]),
     // The same kernel with other few-token geometries (`SMALL_U`, `SMALL_THREADS`).
     ("silu_mul", &["silu_mul.cu", "silu_mul.cu"]),
-    // The same kernel with other rows per block in the warp-per-row mode (`WARPS`), then
-    // with one warp gathering the cluster's statistics (`GATHER`).
-    ("softmax", &["softmax.cu", "softmax.cu", "softmax.cu"]),
+    // The same kernel with 2 rows per block in the warp-per-row mode (`WARPS`).
+    ("softmax", &["softmax.cu"]),
     // K and V through a per-warp cp.async shared-memory ring.
     ("gqa_decode", &["gqa_decode_pipe.cu"]),
 ];
@@ -180,6 +179,10 @@ fn check_launchable_with(
         .collect();
     let smem = parse_launch(spec, defines, &launch.smem);
     let cluster = cluster_x(source, defines);
+    let launch_cluster: Option<Vec<Expr>> = launch
+        .cluster
+        .as_ref()
+        .map(|c| c.iter().map(|e| parse_launch(spec, defines, e)).collect());
     let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
     assert_eq!(
         split_scratch.0.is_some(),
@@ -218,6 +221,21 @@ fn check_launchable_with(
                 g[0] % c,
                 0,
                 "{shape}: the compiled-in cluster size {c} must divide the grid"
+            );
+        }
+        if let Some(lc) = &launch_cluster {
+            let c: Vec<i64> = lc.iter().map(eval).collect();
+            let c = [c[0], c[1], c[2]];
+            if let Some(problem) = kopt_spec::spec::cluster_problem([g[0], g[1], g[2]], c) {
+                panic!("{shape}: cluster set at launch: {problem}");
+            }
+            assert!(
+                cluster.is_none() || c == [1, 1, 1],
+                "{shape}: a cluster {c:?} set at launch on a kernel compiled with __cluster_dims__"
+            );
+            assert!(
+                c.iter().product::<i64>() <= 16,
+                "{shape}: clusters of more than 16 blocks"
             );
         }
         if let (Some(items), Some(partials)) = split_scratch {

@@ -23,5 +23,6 @@ fn annotation_errors() {
     .unwrap();
     let t = trybuild::TestCases::new();
     t.pass("tests/ui/good.rs");
+    t.pass("tests/ui/good_cluster.rs");
     t.compile_fail("tests/ui/[a-fh-z]*.rs");
 }

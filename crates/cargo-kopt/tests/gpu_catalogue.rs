@@ -393,3 +393,63 @@ fn a_cluster_of_16_blocks_launches() {
     println!("{}", verdict.summary());
     assert!(verdict.correct(), "{:?}", verdict.failures);
 }
+
+/// A cluster set by the launch rule (`cluster`, not `__cluster_dims__`) reaches the kernel
+/// through the engine's launch (`kopt::launch_kernel`, as the generated launcher): the
+/// kernel traps unless it runs in clusters of 4. The same kernel launched without the rule
+/// faults, so the check is live.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cluster_set_at_launch_reaches_the_kernel() {
+    if !kopt::gpu::available_for_test() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let g = gathered(scratch.path());
+    let k = softmax_of(&g);
+    let mut engine = gpu_engine(scratch.path(), 15);
+    let info = engine.device().expect("device info");
+    if info.compute_capability.0 < 9 {
+        println!("{}: no thread-block clusters before sm_90", info.name);
+        return;
+    }
+    let source = softmax_with(GOOD_WRITE, "").replace(
+        "    __shared__ float scratch[32];\n",
+        "    __shared__ float scratch[32];\n    { unsigned int n; asm volatile(\"mov.u32 %0, %%cluster_nctarank;\" : \"=r\"(n)); if (n != 4) __trap(); }\n",
+    );
+    assert!(source.contains("cluster_nctarank"));
+    let names = k.spec.int_names();
+    let kinds = |n: &str| k.spec.var_kind_with(n, &[]);
+    let parse =
+        |t: &str| kopt_spec::expr::parse_str(t, kopt_spec::expr::Ty::Int, &kinds, &names).unwrap();
+    let settings = Settings {
+        timing: TimingPolicy {
+            max_seconds: 0.2,
+            max_samples: 15,
+            ..TimingPolicy::default()
+        },
+        ..Settings::default()
+    };
+    let mut verdicts = Vec::new();
+    for with_rule in [true, false] {
+        let mut candidate = KernelVersion {
+            id: format!("cluster-at-launch-{with_rule}"),
+            source: source.clone(),
+            ..KernelVersion::reference(&k.spec, "")
+        };
+        candidate.launch.grid[0] = parse("round_up(rows, 4)");
+        if with_rule {
+            candidate.launch.cluster = Some([parse("4"), parse("1"), parse("1")]);
+        }
+        let job = eval::job(&g, k, candidate, None, &settings, true);
+        let ev = engine.evaluate(&job, &mut |_| {});
+        let verdict = Judge::new(None).judge(&ev.report);
+        println!("cluster rule {with_rule}: {}", verdict.summary());
+        verdicts.push(verdict);
+    }
+    assert!(verdicts[0].correct(), "{:?}", verdicts[0].failures);
+    assert!(
+        !verdicts[1].correct(),
+        "without the rule's cluster the kernel should trap"
+    );
+}

@@ -60,9 +60,9 @@ pub struct Feedback {
     pub details: Vec<String>,
 }
 
-/// A launch rule as the context shows it: grid, block and shared memory, each as
-/// expression text.
-pub fn launch_text(launch: &kopt_spec::spec::LaunchRule) -> [String; 3] {
+/// A launch rule as the context shows it: grid, block, shared memory and the cluster set
+/// at launch (empty when there is none), each as expression text.
+pub fn launch_text(launch: &kopt_spec::spec::LaunchRule) -> [String; 4] {
     let dims = |d: &[kopt_spec::expr::Expr; 3]| {
         d.iter()
             .map(|e| e.to_string())
@@ -73,6 +73,7 @@ pub fn launch_text(launch: &kopt_spec::spec::LaunchRule) -> [String; 3] {
         dims(&launch.grid),
         dims(&launch.block),
         launch.smem.to_string(),
+        launch.cluster.as_ref().map(dims).unwrap_or_default(),
     ]
 }
 
@@ -84,7 +85,7 @@ pub struct ContextInput<'a> {
     /// `reference` or the variant's name.
     pub best_label: String,
     pub best_source: &'a str,
-    pub best_launch: [String; 3],
+    pub best_launch: [String; 4],
     pub device: String,
     pub ceilings: String,
     /// Per-shape figures of the current best, one line each.
@@ -179,6 +180,17 @@ pub fn propose(input: &ContextInput, schema: &str) -> Result<ChatRequest, String
             ("grid", input.best_launch[0].clone()),
             ("block", input.best_launch[1].clone()),
             ("smem", input.best_launch[2].clone()),
+            (
+                "cluster",
+                if input.best_launch[3].is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", clusters of ({}) blocks set at launch",
+                        input.best_launch[3]
+                    )
+                },
+            ),
             (
                 "tunables",
                 if spec.tunables.is_empty() {

@@ -109,6 +109,12 @@ pub struct LaunchText {
     pub block: [String; 3],
     #[serde(default = "zero")]
     pub smem: String,
+    /// Thread-block cluster dimensions set at launch (sm_90+), in blocks; each must divide
+    /// the grid's. Left out, or 1 for a shape, is a launch without clusters. Use it
+    /// instead of `__cluster_dims__` when only some shapes need clusters: a compile-time
+    /// cluster constrains every launch. Example: `["if rows < 256 { 8 } else { 1 }", "1", "1"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<[String; 3]>,
 }
 
 fn zero() -> String {
@@ -237,6 +243,7 @@ fn resolve(p: Proposal, spec: &KernelSpec, current_best: &str) -> Result<Resolve
             .map(|e| ("grid", e))
             .chain(l.block.iter().map(|e| ("block", e)))
             .chain(std::iter::once(("smem", &l.smem)))
+            .chain(l.cluster.iter().flatten().map(|e| ("cluster", e)))
         {
             if let Err(m) = expr::parse_str(e, Ty::Int, &kinds, &names) {
                 errors.push(format!("launch {what}: {m}"));

@@ -1028,6 +1028,10 @@ pub fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> Kernel
         v.launch.grid = [parse(&l.grid[0]), parse(&l.grid[1]), parse(&l.grid[2])];
         v.launch.block = [parse(&l.block[0]), parse(&l.block[1]), parse(&l.block[2])];
         v.launch.smem = parse(&l.smem);
+        v.launch.cluster = l
+            .cluster
+            .as_ref()
+            .map(|c| [parse(&c[0]), parse(&c[1]), parse(&c[2])]);
     }
     if !r.proposal.defines.is_empty() {
         v.defines = r.proposal.defines.clone();

@@ -15,7 +15,12 @@ fn input<'a>(spec: &'a kopt_spec::KernelSpec, source: &'a str, budget: usize) ->
         round: 2,
         best_label: "reference".into(),
         best_source: source,
-        best_launch: ["rows, 1, 1".into(), "256, 1, 1".into(), "0".into()],
+        best_launch: [
+            "rows, 1, 1".into(),
+            "256, 1, 1".into(),
+            "0".into(),
+            String::new(),
+        ],
         device: "NVIDIA H200 (sm_90, 132 SMs, 60 MiB L2)".into(),
         ceilings: "copy 4212 GB/s; bf16 matmul 771 TFLOP/s".into(),
         figures: vec![

@@ -105,11 +105,22 @@ impl KernelVersion {
             Ok(out)
         };
         let smem = eval(&self.launch.smem)?;
+        let grid = dim(&self.launch.grid, "grid")?;
+        let cluster = match &self.launch.cluster {
+            Some(c) => dim(c, "cluster")?,
+            None => [1; 3],
+        };
+        if let Some(problem) =
+            kopt_spec::spec::cluster_problem(grid.map(i64::from), cluster.map(i64::from))
+        {
+            return Err(problem);
+        }
         Ok(Geometry {
-            grid: dim(&self.launch.grid, "grid")?,
+            grid,
             block: dim(&self.launch.block, "block")?,
             smem: u32::try_from(smem)
                 .map_err(|_| format!("shared memory `{}` is {smem}", self.launch.smem))?,
+            cluster,
         })
     }
 }
@@ -119,6 +130,25 @@ pub struct Geometry {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub smem: u32,
+    /// Thread-block cluster set at launch; `[1, 1, 1]` launches without the attribute.
+    #[serde(default = "no_cluster")]
+    pub cluster: [u32; 3],
+}
+
+impl Geometry {
+    /// A launch without a cluster attribute.
+    pub fn plain(grid: [u32; 3], block: [u32; 3], smem: u32) -> Self {
+        Geometry {
+            grid,
+            block,
+            smem,
+            cluster: no_cluster(),
+        }
+    }
+}
+
+fn no_cluster() -> [u32; 3] {
+    [1; 3]
 }
 
 /// A shape to check (and maybe time).
@@ -559,16 +589,51 @@ mod tests {
         v.defines.insert("BLOCK".into(), 512);
         assert_eq!(
             v.geometry(&spec, &[8, 1024]).unwrap(),
-            Geometry {
-                grid: [8, 1, 1],
-                block: [512, 1, 1],
-                smem: 0
-            }
+            Geometry::plain([8, 1, 1], [512, 1, 1], 0)
         );
         v.defines.insert("BLOCK".into(), 0);
         assert!(v
             .geometry(&spec, &[8, 1024])
             .unwrap_err()
             .contains("block dimension"));
+    }
+
+    #[test]
+    fn a_cluster_set_at_launch_must_divide_the_grid() {
+        let spec = sample();
+        let mut v = KernelVersion::reference(&spec, "");
+        let parse = |t: &str| {
+            kopt_spec::expr::parse_str(
+                t,
+                kopt_spec::expr::Ty::Int,
+                &|_| Some(kopt_spec::expr::VarKind::Int),
+                &["rows".to_string()],
+            )
+            .unwrap()
+        };
+        v.launch.cluster = Some([
+            parse("if rows < 16 { CLUSTER } else { 1 }"),
+            parse("1"),
+            parse("1"),
+        ]);
+        v.defines.insert("CLUSTER".into(), 4);
+        // grid = rows (sample's rule): 8 rows in clusters of 4, 100 rows without.
+        assert_eq!(v.geometry(&spec, &[8, 1024]).unwrap().cluster, [4, 1, 1]);
+        assert_eq!(v.geometry(&spec, &[100, 1024]).unwrap().cluster, [1, 1, 1]);
+        let err = v.geometry(&spec, &[6, 1024]).unwrap_err();
+        assert!(err.contains("not a whole number of clusters"), "{err}");
+        v.defines.insert("CLUSTER".into(), 0);
+        assert!(v
+            .geometry(&spec, &[8, 1024])
+            .unwrap_err()
+            .contains("cluster dimension"));
+    }
+
+    #[test]
+    fn a_geometry_without_cluster_reads_as_a_plain_launch() {
+        // The worker protocol of a build before launch-time clusters.
+        let g: Geometry =
+            serde_json::from_str(r#"{"grid":[8,1,1],"block":[256,1,1],"smem":0}"#).unwrap();
+        assert_eq!(g, Geometry::plain([8, 1, 1], [256, 1, 1], 0));
     }
 }

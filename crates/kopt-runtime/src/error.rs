@@ -27,6 +27,12 @@ pub enum Error {
         what: &'static str,
         value: i64,
     },
+    #[error("`{kernel}`: `{variant}` cannot launch: {problem}; nothing was launched")]
+    Cluster {
+        kernel: &'static str,
+        variant: &'static str,
+        problem: String,
+    },
     #[error("`{kernel}`: NVRTC could not compile `{variant}`:\n{log}")]
     Compile {
         kernel: String,

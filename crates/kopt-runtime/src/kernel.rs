@@ -43,6 +43,8 @@ pub struct VariantDef {
     pub grid: [&'static [Op]; 3],
     pub block: [&'static [Op]; 3],
     pub smem: &'static [Op],
+    /// Cluster dimensions set at launch (`None`: none).
+    pub cluster: Option<[&'static [Op]; 3]>,
 }
 
 /// A lock entry the build refused (stale or corrupt), kept so introspection can say why.
@@ -103,6 +105,8 @@ pub struct Launch<'a> {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub smem: u32,
+    /// Thread-block cluster set at launch; `(1, 1, 1)` launches without the attribute.
+    pub cluster: (u32, u32, u32),
 }
 
 impl Launch<'_> {
@@ -117,10 +121,11 @@ impl Launch<'_> {
         params: &mut [*mut c_void],
     ) -> Result<(), Error> {
         stream.context().bind_to_thread().map_err(Error::driver)?;
-        cudarc::driver::result::launch_kernel(
+        crate::launch_kernel(
             self.function.cu_function(),
             self.grid,
             self.block,
+            self.cluster,
             self.smem,
             stream.cu_stream(),
             params,
@@ -229,7 +234,15 @@ impl Kernel {
             dim(def.block[1], "block.y of")?,
             dim(def.block[2], "block.z of")?,
         );
-        for (what, v) in [("grid", grid), ("block", block)] {
+        let cluster = match &def.cluster {
+            Some(c) => (
+                dim(c[0], "cluster.x of")?,
+                dim(c[1], "cluster.y of")?,
+                dim(c[2], "cluster.z of")?,
+            ),
+            None => (1, 1, 1),
+        };
+        for (what, v) in [("grid", grid), ("block", block), ("cluster", cluster)] {
             if v.0 == 0 || v.1 == 0 || v.2 == 0 {
                 return Err(Error::Geometry {
                     kernel: self.def.name,
@@ -239,12 +252,21 @@ impl Kernel {
                 });
             }
         }
+        let as_i64 = |v: (u32, u32, u32)| [v.0 as i64, v.1 as i64, v.2 as i64];
+        if let Some(problem) = kopt_spec::spec::cluster_problem(as_i64(grid), as_i64(cluster)) {
+            return Err(Error::Cluster {
+                kernel: self.def.name,
+                variant: def.id,
+                problem,
+            });
+        }
         Ok(Launch {
             function,
             variant: def.id,
             grid,
             block,
             smem: dim(def.smem, "shared memory of")?,
+            cluster,
         })
     }
 

@@ -24,6 +24,7 @@ mod compile;
 mod error;
 pub mod gpu;
 mod kernel;
+mod launch;
 
 pub use compile::{
     compile_cubin, compile_native, compile_ptx, cuda_include_dirs, open_launch_limits,
@@ -36,6 +37,7 @@ pub use kernel::{
 };
 pub use kopt_macros::kernel;
 pub use kopt_spec::{expr, spec, KernelSpec};
+pub use launch::launch_kernel;
 
 pub use cudarc;
 pub use half::{bf16, f16};

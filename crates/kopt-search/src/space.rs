@@ -187,6 +187,13 @@ pub struct Launch {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub smem: u32,
+    /// Thread-block cluster set at launch; `[1, 1, 1]` (left out of the JSON) is none.
+    #[serde(skip_serializing_if = "no_cluster")]
+    pub cluster: [u32; 3],
+}
+
+fn no_cluster(c: &[u32; 3]) -> bool {
+    *c == [1; 3]
 }
 
 impl Launch {
@@ -277,11 +284,22 @@ pub fn launch_of(
         Ok(out)
     };
     let smem = eval_with(spec, &spec.launch.smem, defines, args)?;
+    let grid = dim(&spec.launch.grid, "grid")?;
+    let cluster = match &spec.launch.cluster {
+        Some(c) => dim(c, "cluster")?,
+        None => [1; 3],
+    };
+    if let Some(problem) =
+        kopt_spec::spec::cluster_problem(grid.map(i64::from), cluster.map(i64::from))
+    {
+        return Err(problem);
+    }
     Ok(Launch {
-        grid: dim(&spec.launch.grid, "grid")?,
+        grid,
         block: dim(&spec.launch.block, "block")?,
         smem: u32::try_from(smem)
             .map_err(|_| format!("shared memory `{}` is {smem}", spec.launch.smem))?,
+        cluster,
     })
 }
 

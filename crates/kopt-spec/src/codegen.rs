@@ -276,6 +276,13 @@ fn variant_def(
     let grid = launch.grid.iter().map(compile);
     let block = launch.block.iter().map(compile);
     let smem = compile(&launch.smem);
+    let cluster = match &launch.cluster {
+        Some(c) => {
+            let c = c.iter().map(compile);
+            quote!(::core::option::Option::Some([#(#c),*]))
+        }
+        None => quote!(::core::option::Option::None),
+    };
     // The reference runs every shape; a variant only where its region and the constraints
     // that depend on its build hold.
     let applies = match arch {
@@ -304,6 +311,7 @@ fn variant_def(
             grid: [#(#grid),*],
             block: [#(#block),*],
             smem: #smem,
+            cluster: #cluster,
         }
     }
 }

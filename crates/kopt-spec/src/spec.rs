@@ -282,6 +282,39 @@ pub struct LaunchRule {
     pub grid: [Expr; 3],
     pub block: [Expr; 3],
     pub smem: Expr,
+    /// Thread-block cluster dimensions set at launch (sm_90+), in blocks; each must divide
+    /// the grid's. Absent, or all 1 for a shape, is a launch without the attribute, so a
+    /// kernel compiled with `__cluster_dims__` keeps its own. A shape-dependent cluster
+    /// lets one kernel run in clusters where it needs them and unconstrained elsewhere: a
+    /// compile-time cluster binds the block scheduler for every launch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<[Expr; 3]>,
+}
+
+impl LaunchRule {
+    /// Every expression of the rule with what it sets: `grid`, `block`, `smem`, `cluster`.
+    pub fn exprs(&self) -> impl Iterator<Item = (&'static str, &Expr)> {
+        self.grid
+            .iter()
+            .map(|e| ("grid", e))
+            .chain(self.block.iter().map(|e| ("block", e)))
+            .chain(std::iter::once(("smem", &self.smem)))
+            .chain(self.cluster.iter().flatten().map(|e| ("cluster", e)))
+    }
+}
+
+/// Why cluster dimensions `cluster` cannot launch over `grid`: a zero dimension, or one
+/// that does not divide the grid's (the driver would refuse the launch).
+pub fn cluster_problem(grid: [i64; 3], cluster: [i64; 3]) -> Option<String> {
+    if cluster.iter().any(|c| *c <= 0) {
+        return Some(format!("cluster {cluster:?} has a dimension below 1"));
+    }
+    (0..3).find(|&i| grid[i] % cluster[i] != 0).map(|i| {
+        format!(
+            "grid {grid:?} is not a whole number of clusters {cluster:?} (dimension {}): round the grid up to a multiple of the cluster",
+            ["x", "y", "z"][i]
+        )
+    })
 }
 
 /// The whole annotation, normalised. Serialised (JSON) it is what the spec hash covers.
@@ -752,6 +785,7 @@ const KEYS: &[&str] = &[
     "grid",
     "block",
     "smem",
+    "cluster",
     "shapes",
     "defaults",
     "bytes",
@@ -1269,6 +1303,10 @@ fn build_spec(
         Some((_, v)) => int_expr("smem", v)?,
         None => Expr::Int(0),
     };
+    let cluster = keys
+        .contains_key("cluster")
+        .then(|| dims("cluster"))
+        .transpose()?;
 
     // --- bytes and flops
     let bytes = match keys.get("bytes") {
@@ -1374,7 +1412,12 @@ fn build_spec(
         reference,
         entry,
         params,
-        launch: LaunchRule { grid, block, smem },
+        launch: LaunchRule {
+            grid,
+            block,
+            smem,
+            cluster,
+        },
         shapes,
         bytes,
         flops,
@@ -1684,8 +1727,9 @@ fn check_shapes_against_spec(spec: &KernelSpec, span: Span) -> syn::Result<()> {
                 ));
             }
         }
+        let mut grid = [1i64; 3];
         for (what, dims) in [("grid", &spec.launch.grid), ("block", &spec.launch.block)] {
-            for d in dims.iter() {
+            for (k, d) in dims.iter().enumerate() {
                 let v = run(what, d)?;
                 if v <= 0 || v > u32::MAX as i64 {
                     return Err(syn::Error::new(
@@ -1693,6 +1737,21 @@ fn check_shapes_against_spec(spec: &KernelSpec, span: Span) -> syn::Result<()> {
                         format!("shape {} ({desc}): {what} dimension `{d}` is {v}", i + 1),
                     ));
                 }
+                if what == "grid" {
+                    grid[k] = v;
+                }
+            }
+        }
+        if let Some(dims) = &spec.launch.cluster {
+            let mut cluster = [1i64; 3];
+            for (k, d) in dims.iter().enumerate() {
+                cluster[k] = run("cluster", d)?;
+            }
+            if let Some(problem) = cluster_problem(grid, cluster) {
+                return Err(syn::Error::new(
+                    span,
+                    format!("shape {} ({desc}): {problem}", i + 1),
+                ));
             }
         }
         for c in &spec.constraints {

@@ -283,12 +283,7 @@ fn resolve_entry(
     };
     let defines: BTreeMap<String, i64> = variant.defines.clone();
     let launch = &variant.launch;
-    for e in launch
-        .grid
-        .iter()
-        .chain(launch.block.iter())
-        .chain(std::iter::once(&launch.smem))
-    {
+    for (_, e) in launch.exprs() {
         let text = e.to_string();
         let mut names = spec.int_names();
         names.extend(define_names.iter().map(|s| s.to_string()));

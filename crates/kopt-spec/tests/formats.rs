@@ -90,6 +90,37 @@ fn variant_file_format() {
 }
 
 #[test]
+fn a_variant_with_a_cluster_set_at_launch() {
+    let mut launch = sample_spec().launch;
+    let parse = |t: &str| {
+        kopt_spec::expr::parse_str(
+            t,
+            kopt_spec::expr::Ty::Int,
+            &|_| Some(kopt_spec::expr::VarKind::Int),
+            &["rows".to_string()],
+        )
+        .unwrap()
+    };
+    launch.cluster = Some([
+        parse("if rows < 256 { CLUSTER } else { 1 }"),
+        parse("1"),
+        parse("1"),
+    ]);
+    let v = VariantFile {
+        format: FORMAT,
+        kernel: "softmax".into(),
+        id: "split".into(),
+        entry: "softmax_f32".into(),
+        launch,
+        defines: BTreeMap::from([("CLUSTER".into(), 8)]),
+        options: vec![],
+    };
+    let text = v.render();
+    insta::assert_snapshot!(text);
+    assert_eq!(VariantFile::parse(&text).unwrap(), v, "round trip");
+}
+
+#[test]
 fn rationale_formats() {
     let r = Rationale {
         format: FORMAT,

@@ -3,14 +3,16 @@
 // One block per row for every shape: every thread's share of the row (up to CACHE 16-byte
 // vectors) and the matching weight vectors are loaded before the first use, the sum of
 // squares is reduced by shuffles and one block barrier, and y is written from the
-// registers. The launch rule sizes the block by the row count:
-// - many rows (rows >= 256): cols / 32 threads (128 at 4096), four vectors a thread,
-//   the layout of the layer_norm candidate's many-row path that moves the same bytes at
-//   8192 x 4096 in 36.1 us: 128-thread blocks of 58 registers a thread (64 allocated),
-//   eight rows in flight per SM, one barrier per row (layer_norm has four), and a block
-//   leaves as soon as its row is written.
-// - few rows: cols / 8 threads (capped at 512), one or two vectors a thread: for 1 to 64
-//   rows this is one round trip to memory plus one barrier.
+// registers. The launch rule gives every shape cols / 32 threads (128 at 4096, between 32
+// and 512), four vectors a thread:
+// - many rows: the layout of the layer_norm candidate's many-row path that moves the
+//   same bytes at 8192 x 4096 in 36.1 us: 128-thread blocks of 58 registers a thread (64
+//   allocated), eight rows in flight per SM, one barrier per row (layer_norm has four),
+//   and a block leaves as soon as its row is written;
+// - few rows (1 to 64): one round trip to memory plus one barrier either way, and a
+//   quarter of the warps of cols / 8 threads to launch and to meet at the barrier: on the
+//   H200, 1.50 against 1.71 us at 1x4096 and 2.57 against 2.66 at 64x8192
+//   (docs/runs/2026-11-29-h200-cluster-at-launch).
 // Rows longer than 8 x CACHE x blockDim.x halves are finished by a loop that re-reads x.
 // Rows whose length is not a multiple of 8 (or unaligned buffers) take a scalar path
 // with the same partition.

@@ -15,12 +15,18 @@
 //   butterfly, then each element's 2^(x log2 e - max log2 e) (one FFMA and one MUFU ex2)
 //   is computed once, kept in place of x, summed, and scaled by 1 / sum when written;
 // - otherwise one block per row (block-wide reduction through shared memory).
-// Outside split mode the grid is rounded up to whole clusters; the extra blocks (and the
-// extra warps of the last block) return at once and no cluster barrier is used.
+// The cluster is set at launch, by the launch rule, for the split mode only: the kernel
+// carries no __cluster_dims__, because a compile-time cluster makes the block scheduler
+// place every launch in groups of CLUSTER blocks, and at 32768x1024 that cost 2% (66.02
+// against 64.71 us with one-warp blocks, docs/runs/2026-11-29-h200-cluster-at-launch).
+// The extra warps of the last block in the warp mode return at once.
 // Vectors: 16-byte loads and stores over the 16-byte aligned body of each row; the
 // unaligned head (when cols % 4 != 0) and the tail are done one float at a time.
 #define NEG_INF __int_as_float(0xff800000)
+// Blocks per row (and per cluster) in the split mode; the launch rule's cluster.
+#ifndef CLUSTER
 #define CLUSTER 8
+#endif
 #ifndef CACHE
 #define CACHE 8
 #endif
@@ -121,6 +127,12 @@ __device__ __forceinline__ unsigned int cluster_rank() {
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
 }
+// Blocks in this launch's cluster (1 for a launch without one).
+__device__ __forceinline__ unsigned int cluster_blocks() {
+    unsigned int n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
+}
 __device__ __forceinline__ void cluster_arrive() {
     asm volatile("barrier.cluster.arrive.release;" ::: "memory");
 }
@@ -215,7 +227,7 @@ __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
     if (has_tail) yr[tail0 + lane] = tv * inv;
 }
 
-extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(1024)
+extern "C" __global__ void __launch_bounds__(1024)
 softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int rows,
             unsigned int cols) {
     if (warp_rows(rows, cols)) {
@@ -228,10 +240,13 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
     __shared__ float2 row_stats;
 #endif
     const bool split = split_rows(rows, cols);
+    // The split mode's slices and exchange need the launch rule's cluster: fault loudly
+    // rather than write wrong rows when launched without it.
+    if (split && cluster_blocks() != CLUSTER) __trap();
     const unsigned int part = split ? cluster_rank() : 0u;
     const unsigned int parts = split ? CLUSTER : 1u;
     const unsigned int row = split ? blockIdx.x / CLUSTER : blockIdx.x;
-    if (!split && row >= rows) return;  // padding blocks of the last cluster
+    if (!split && row >= rows) return;
 
     const float* xr = x + (size_t)row * cols;
     float* yr = y + (size_t)row * cols;

@@ -460,8 +460,8 @@ impl Backend for CudaBackend {
                 })
                 .collect();
             // Every SM full (2048 threads), no more: the loop strides over the rest.
-            let g = Geometry {
-                grid: [
+            let g = Geometry::plain(
+                [
                     vectors
                         .div_ceil(256)
                         .min(8 * self.info.multiprocessors as u64)
@@ -469,9 +469,9 @@ impl Backend for CudaBackend {
                     1,
                     1,
                 ],
-                block: [256, 1, 1],
-                smem: 0,
-            };
+                [256, 1, 1],
+                0,
+            );
             for _ in 0..policy.warmup {
                 launch(&s, &f, &g, &mut p[0]).map_err(|e| text(Stop::driver("copy launch", e)))?;
             }
@@ -624,11 +624,11 @@ impl CudaBackend {
         let mut p = Params {
             cells: vec![a, b, bytes as u64, flag.ptr],
         };
-        let g = Geometry {
-            grid: [(bytes.div_ceil(256 * 16) as u32).clamp(1, 1024), 1, 1],
-            block: [256, 1, 1],
-            smem: 0,
-        };
+        let g = Geometry::plain(
+            [(bytes.div_ceil(256 * 16) as u32).clamp(1, 1024), 1, 1],
+            [256, 1, 1],
+            0,
+        );
         launch(&s, &f, &g, &mut p).map_err(|e| Stop::driver("compare launch", e))?;
         let mut out = [0u8; 4];
         // SAFETY: `flag` holds 4 bytes.
@@ -1178,11 +1178,13 @@ fn launch(
         .map(|c| c as *mut u64 as *mut c_void)
         .collect();
     // SAFETY: `ptrs` points at one cell per kernel parameter, in order, sized for it.
+    // The launcher's own path (kopt::launch_kernel), cluster attribute included.
     unsafe {
-        cudarc::driver::result::launch_kernel(
+        kopt::launch_kernel(
             f.cu_function(),
             (g.grid[0], g.grid[1], g.grid[2]),
             (g.block[0], g.block[1], g.block[2]),
+            (g.cluster[0], g.cluster[1], g.cluster[2]),
             g.smem,
             s.cu_stream(),
             &mut ptrs,

@@ -1,0 +1,52 @@
+//! The one way kopt enqueues a kernel, shared by the generated launcher and the
+//! evaluation engine's worker, so that a variant verified there launches here with the
+//! same attributes.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+use cudarc::driver::DriverError;
+
+/// Enqueues `function` on `stream`. A `cluster` other than `(1, 1, 1)` launches with the
+/// thread-block cluster dimension attribute (`cuLaunchKernelEx`, sm_90+); `(1, 1, 1)` is a
+/// plain launch, so a kernel compiled with `__cluster_dims__` keeps its own clusters.
+///
+/// # Safety
+/// `params` must point to the kernel's arguments, in order and of the right types, valid
+/// until the launch is enqueued; `function` and `stream` must belong to the current
+/// context.
+pub unsafe fn launch_kernel(
+    function: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    cluster: (u32, u32, u32),
+    smem: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> Result<(), DriverError> {
+    if cluster == (1, 1, 1) {
+        return cudarc::driver::result::launch_kernel(function, grid, block, smem, stream, params);
+    }
+    // SAFETY: an all-zero attribute is valid plain data; the id and the union member set
+    // below are the ones the driver reads for a cluster dimension.
+    let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: cluster.0,
+        y: cluster.1,
+        z: cluster.2,
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: block.2,
+        sharedMemBytes: smem,
+        hStream: stream,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    sys::cuLaunchKernelEx(&config, function, params.as_mut_ptr(), std::ptr::null_mut()).result()
+}
