@@ -18,7 +18,13 @@
 // each K and V row is read once for all of them. The sequence is split over gridDim.x
 // blocks (the launch rule picks the split so that the grid is about one wave of at most
 // WAVE_BLOCKS blocks of equal key ranges whatever batch * kv_heads is); blockIdx.y is
-// the work item. Warp w of a block takes the split's tiles w, w + WARPS, ...
+// the work item. Warp w of a block takes the split's tiles w, w + WARPS, ... From
+// SPLIT_ITEMS work items up (a launch-rule define) the rule does not split at all: each
+// block streams a whole work item and writes its output directly, with no partials, no
+// fence and no counter. On the H200 at batch 8 (64 items) 64 such blocks beat 128 blocks
+// of 2 splits (12.38 against 13.16 us at 1024 keys, 35.89 against 36.93 at 4096,
+// docs/runs/2026-11-29-h200-cluster-at-launch): the split's merge costs more than the
+// 64 more SMs bring. With 8 items (batch 1) 16 splits of 128 blocks stay faster.
 //
 // Per warp and tile of 16 keys:
 //   scores  S[8 heads x 16 keys] = Q[heads x 128] K^T    (16 mma.m16n8k16, rows 8..15 zero)

@@ -92,7 +92,14 @@ fn poisoned<T: DeviceRepr + Copy>(stream: &Arc<CudaStream>, n: usize, v: T) -> R
 pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
     let mut checks = Vec::new();
 
-    for &(rows, cols) in &[(256usize, 4096usize), (16, 65536), (8, 50257), (64, 1024)] {
+    // Block per row, clusters of blocks per row (set at launch), and a warp per row.
+    for &(rows, cols) in &[
+        (256usize, 4096usize),
+        (16, 65536),
+        (8, 50257),
+        (64, 1024),
+        (300, 1000),
+    ] {
         let x = normal_f32(rows * cols, 0.0, 1 + rows as u64);
         let dx = stream.clone_htod(&x)?;
         let mut dy = poisoned::<f32>(stream, rows * cols, f32::NAN)?;
@@ -165,7 +172,13 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         ));
     }
 
-    for &(b, hq, hkv, s) in &[(2usize, 8usize, 2usize, 1024usize), (1, 32, 8, 300)] {
+    // Few work items (the accepted variant splits the keys and merges the splits) and 64
+    // (it does not split: one block a work item).
+    for &(b, hq, hkv, s) in &[
+        (2usize, 8usize, 2usize, 1024usize),
+        (1, 32, 8, 300),
+        (8, 32, 8, 256),
+    ] {
         let d = 128;
         let (qh, q) = to_f16(&normal_f32(b * hq * d, 0.0, 21));
         let (kh, k) = to_f16(&normal_f32(b * hkv * s * d, 0.0, 22));
