@@ -631,7 +631,8 @@ mod tests {
 
     #[test]
     fn a_geometry_without_cluster_reads_as_a_plain_launch() {
-        // The worker protocol of a build before launch-time clusters.
+        // A report written before launch-time clusters (journals and evidence keep the
+        // launch figures' geometry).
         let g: Geometry =
             serde_json::from_str(r#"{"grid":[8,1,1],"block":[256,1,1],"smem":0}"#).unwrap();
         assert_eq!(g, Geometry::plain([8, 1, 1], [256, 1, 1], 0));

@@ -12,8 +12,9 @@ use crate::inputs::Variation;
 use crate::job::{EvalJob, Geometry};
 use crate::stats::Timing;
 
-/// Bumped on any incompatible change of the messages below.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Bumped on any incompatible change of the messages below. 3: a job's geometry carries
+/// the cluster set at launch, which a worker of version 2 would ignore and launch without.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
