@@ -87,3 +87,20 @@ fn every_template_placeholder_is_filled() {
     assert_eq!(e, "the template needs `y`");
     assert!(context::entry_region("__device__ int f() { return 1; }\nextern \"C\" __global__ void k(int* y) {\n  if (1) { y[0] = f(); }\n}\nint tail;\n", "k").unwrap().ends_with("y[0] = f(); }\n}"));
 }
+
+#[test]
+fn a_cluster_set_at_launch_is_shown_with_the_launch_rule() {
+    let (spec, src) = softmax();
+    let plain = context::propose(&input(&spec, &src, 50_000), "{}").unwrap();
+    assert!(!plain.messages[0].content.contains("set at launch"));
+    let mut with = input(&spec, &src, 50_000);
+    with.best_launch[3] = "if rows < 256 { 8 } else { 1 }, 1, 1".into();
+    let req = context::propose(&with, "{}").unwrap();
+    assert!(
+        req.messages[0].content.contains(
+            "block (256, 1, 1), clusters of (if rows < 256 { 8 } else { 1 }, 1, 1) blocks set at launch, dynamic shared memory 0 bytes"
+        ),
+        "{}",
+        req.messages[0].content
+    );
+}

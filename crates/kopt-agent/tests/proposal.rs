@@ -227,3 +227,29 @@ fn matrix_points_are_every_combination_in_a_fixed_order() {
     assert_eq!(proposal::MAX_MATRIX_POINTS, 16);
     assert!(proposal::matrix_points(&Default::default()).is_empty());
 }
+
+#[test]
+fn a_cluster_set_at_launch_is_validated_and_carried_into_the_candidate() {
+    let s = spec();
+    let with_cluster = |cluster: &str| {
+        reply(serde_json::json!({ "source": BEST })).replace(
+            "\"block\":[\"BLOCK\",\"1\",\"1\"]",
+            &format!("\"block\":[\"BLOCK\",\"1\",\"1\"],\"cluster\":[{cluster},\"1\",\"1\"]"),
+        )
+    };
+    let text = with_cluster("\"if n < 8192 { 4 } else { 1 }\"");
+    assert!(text.contains("\"cluster\""), "{text}");
+    let got = proposal::parse(&text, &s, BEST).unwrap();
+    let best = kopt_engine::job::KernelVersion::reference(&s, BEST);
+    let v = kopt_agent::run::candidate_version(&best, "r1c1", &got[0]);
+    let cluster = v.launch.cluster.as_ref().expect("the proposal's cluster");
+    assert_eq!(cluster[0].to_string(), "if n < 8192 { 4 } else { 1 }");
+    // 4096 elements: a grid of 4 blocks of 1024, in one cluster of 4.
+    assert_eq!(v.geometry(&s, &[4096]).unwrap().cluster, [4, 1, 1]);
+    // A name the kernel does not have is refused like any other launch expression.
+    let errs = proposal::parse(&with_cluster("\"rows\""), &s, BEST).unwrap_err();
+    assert!(
+        errs[0].contains("launch cluster") && errs[0].contains("unknown name `rows`"),
+        "{errs:?}"
+    );
+}
