@@ -15,10 +15,15 @@ cp "$here"/emulate-candidates/* "$work/"
 python3 - "$agents" "$work" <<'PY'
 import re, sys
 agents, work = sys.argv[1], sys.argv[2]
-def conv(name, out, gemm=False, gqa=False, dyn_smem=False):
+def conv(name, out, gemm=False, gqa=False, dyn_smem=False, block_shared=False):
     s = open(f"{agents}/{name}").read()
     s = s.replace('#include <cuda_fp16.h>', '#include "emu.h"').replace('extern "C" __global__', '')
     s = re.sub(r'asm volatile\("st.global.cs.v4.u32.*?: "memory"\);', '*p = v;', s, flags=re.S)
+    if block_shared:
+        # Blocks of a cluster run side by side: each its own static shared variables
+        # (before the dynamic shared memory and gqa's aligned arrays are rewritten).
+        s = re.sub(r'__shared__ (?:__align__\(\d+\) )?(\w+) (\w+)((?:\[[^\]]+\])*);',
+                   r'auto& \2 = block_shared<\1\3>("\2");', s)
     if gemm:
         s = re.sub(r'// PTX-BEGIN.*?// PTX-END', '#include "ptx_emu.h"', s, flags=re.S)
         s = s.replace('extern __shared__ __align__(128) unsigned char smem[];', 'unsigned char* smem = g_dyn_smem;')
@@ -30,7 +35,7 @@ def conv(name, out, gemm=False, gqa=False, dyn_smem=False):
         s = s.replace('return *reinterpret_cast<const unsigned int*>(&h);', 'unsigned int r; memcpy(&r, &h, 4); return r;')
     open(f"{work}/{out}", "w").write(s)
 conv('gqa_decode.cu', 'gqa.cpp', gqa=True)
-conv('gqa_decode_pipe.cu', 'gqa_pipe.cpp', gqa=True, dyn_smem=True)
+conv('gqa_decode_pipe.cu', 'gqa_pipe.cpp', gqa=True, dyn_smem=True, block_shared=True)
 conv('layer_norm.cu', 'ln.cpp')
 conv('silu_mul.cu', 'silu.cpp')
 conv('transpose.cu', 'tr.cpp')
@@ -106,19 +111,25 @@ echo "gqa_decode: $fails failed"
 # gqa_decode_pipe: the same shapes, plus ones for its ring's prologue and epilogue: fewer
 # keys than a tile (1, 5, 15), not a multiple of 16, warps with fewer tiles than the ring
 # has stages (and none), exactly STAGES tiles per warp, many per warp (one split: 4099 keys
-# are 33 tiles per warp of 8), many splits (WAVE_BLOCKS 264: 33 at batch 1). Each in the
-# proposal's geometry (WARPS 8, STAGES 3) and two of its matrix's (4 warps; 2 stages), with
-# cp.async copies landing at their wait (deferred) and at their issue (eager).
+# are 33 tiles per warp of 8), many splits (WAVE_BLOCKS 264: 32 at batch 1). Split, its
+# blocks merge in clusters (CLUSTER, default 8): one cluster per work item (WAVE_BLOCKS 64
+# at 8 items), several with a second merge through the scratch (132: 2 at 8 items; the
+# overrides of 16 to 48 splits, many of them empty). Each in the proposal's geometry
+# (WARPS 8, STAGES 3, CLUSTER 8) and, on short shapes, 4 warps, 2 stages, clusters of 16
+# and no cluster (CLUSTER 1: the global merge of every split), with cp.async copies
+# landing at their wait (deferred) and at their issue (eager).
 pipe_shapes=("1 32 8 1 132" "1 32 8 5 132" "1 32 8 15 132 1" "1 32 8 17 132" "2 32 8 1000 132"
     "1 32 8 4099 132" "3 16 8 333 132" "1 64 8 515 132" "1 64 4 300 132" "2 24 8 200 132"
-    "1 8 8 129 132" "2 33 3 77 132" "2 32 8 513 1" "20 32 8 64 132" "1 32 8 40 132 5"
-    "1 16 16 31 132 7" "1 32 8 3000 16" "1 32 8 4100 8" "2 32 8 2500 40" "1 64 4 1500 9"
+    "1 8 8 129 132" "2 33 3 77 132" "2 32 8 513 1" "20 32 8 64 132" "1 32 8 40 132 32"
+    "1 16 16 31 132 48" "1 32 8 3000 16" "1 32 8 4100 8" "2 32 8 2500 40" "1 64 4 1500 9"
     "1 32 8 100 1" "1 32 8 383 1" "1 32 8 384 1" "1 32 8 4099 1" "1 32 8 2000 264"
-    "2 32 8 2049 264" "1 32 8 31 132 3")
+    "2 32 8 2049 264" "1 32 8 31 132 16" "1 32 8 4099 64" "1 32 8 1000 64" "8 32 8 300 132")
 # The other geometries on the short shapes (the emulation is slow: one OS thread per lane).
 pipe_short=("1 32 8 5 132" "1 32 8 17 132" "2 33 3 77 132" "1 64 4 300 132" "1 32 8 100 1"
-    "1 32 8 383 1" "1 32 8 40 132 5" "1 16 16 31 132 7" "2 32 8 1000 264" "1 64 8 515 132")
-for geometry in "-DWARPS=8 -DSTAGES=3" "-DWARPS=4 -DSTAGES=3" "-DWARPS=8 -DSTAGES=2"; do
+    "1 32 8 383 1" "1 32 8 40 132 32" "1 16 16 31 132 48" "2 32 8 1000 264" "1 64 8 515 132"
+    "1 32 8 600 64")
+for geometry in "-DWARPS=8 -DSTAGES=3" "-DWARPS=4 -DSTAGES=3" "-DWARPS=8 -DSTAGES=2" \
+                "-DCLUSTER=16" "-DCLUSTER=1"; do
     for copies in "" "-DCP_ASYNC_EAGER"; do
         bin="gqa_pipe_test${geometry// /}$copies"
         g++ $flags -DPIPE $geometry $copies gqa_test.cpp -o "$bin"

@@ -2,7 +2,10 @@
 // gqa_test batch q_heads kv_heads seq_len wave_blocks (the launch rule's WAVE_BLOCKS)
 // [splits: overrides the rule's grid.x, e.g. to leave trailing splits empty].
 // Built with -DPIPE, it runs gqa_decode_pipe.cu (block WARPS * 32 threads, smem WARPS
-// rings of STAGES tiles of 8 KB, as its launch rule says); otherwise gqa_decode.cu.
+// rings of STAGES tiles of 8 KB, and its launch rule's split and cluster: below
+// SPLIT_ITEMS (64) work items, max(CLUSTER, wave_blocks / items rounded down to whole
+// clusters) splits in clusters of CLUSTER; an overriding split count must then be whole
+// clusters); otherwise gqa_decode.cu.
 #define STR2(x) #x
 #define STR(x) STR2(x)
 #ifdef PIPE
@@ -10,9 +13,9 @@
 #define BLOCK_THREADS (WARPS * 32)
 #define DYN_SMEM (WARPS * STAGES * 8192)
 #ifdef CP_ASYNC_EAGER
-#define NAME "gqa_decode_pipe WARPS " STR(WARPS) " STAGES " STR(STAGES) " eager copies"
+#define NAME "gqa_decode_pipe WARPS " STR(WARPS) " STAGES " STR(STAGES) " CLUSTER " STR(CLUSTER) " eager copies"
 #else
-#define NAME "gqa_decode_pipe WARPS " STR(WARPS) " STAGES " STR(STAGES) " deferred copies"
+#define NAME "gqa_decode_pipe WARPS " STR(WARPS) " STAGES " STR(STAGES) " CLUSTER " STR(CLUSTER) " deferred copies"
 #endif
 #else
 #include "gqa.cpp"
@@ -31,12 +34,20 @@ int main(int argc, char** argv) {
     // The proposal's launch rule.
     auto cdiv = [](unsigned a, unsigned b) { return (a + b - 1) / b; };
     unsigned items = batch * kvh * cdiv(qh / kvh, 8);
+#ifdef PIPE
+    const bool split = items < 64;  // the proposal's SPLIT_ITEMS
+    unsigned splits = split ? std::max((unsigned)CLUSTER, wave / items / CLUSTER * CLUSTER) : 1;
+    if (argc > 6) splits = atoi(argv[6]);
+    const unsigned cluster = splits > 1 ? CLUSTER : 1;
+#else
     unsigned s0 = std::max(1u, wave / items), per = cdiv(cdiv(seq, s0), 16) * 16, splits = cdiv(seq, per);
     if (argc > 6) splits = atoi(argv[6]);
+    const unsigned cluster = 1;
+#endif
     int fails = 0;
     for (int rep = 0; rep < 2; ++rep) {  // twice: the arrival counters must be reset
         for (auto& x : o) x = __float2half(NAN);
-        launch({splits, items}, {BLOCK_THREADS, 1}, DYN_SMEM, [&] {
+        launch_clusters({splits, items}, {BLOCK_THREADS, 1}, DYN_SMEM, cluster, [&] {
             gqa_decode_f16(q.data(), k.data(), v.data(), o.data(), batch, qh, kvh, seq);
         });
         size_t bad = 0; double maxerr = 0;
@@ -53,7 +64,7 @@ int main(int argc, char** argv) {
                 if (!(err <= 1e-2 + 1e-2 * std::fabs(a))) { if (bad < 3) printf("  bad b%u h%u d%d got %f want %f\n", b, h, e, got, a); ++bad; }
                 if (!(err <= maxerr)) maxerr = err; }
         }
-        printf(NAME " B%u Hq%u Hkv%u S%u grid %ux%u run %d: max abs err %.2e bad %zu\n", batch, qh, kvh, seq, splits, items, rep, maxerr, bad);
+        printf(NAME " B%u Hq%u Hkv%u S%u grid %ux%u cluster %u run %d: max abs err %.2e bad %zu\n", batch, qh, kvh, seq, splits, items, cluster, rep, maxerr, bad);
         fails += bad != 0;
     }
     return fails;

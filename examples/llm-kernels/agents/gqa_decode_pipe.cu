@@ -42,10 +42,20 @@
 // (as in FlashAttention 2): 2 shuffles per tile, one ex2 per score.
 //
 // The warps merge through shared memory (the ring, once every copy has landed). With one
-// split the block writes the output; otherwise it writes its partial (max, sum, 128
-// accumulators per head) to a module-scope scratch area, and the last block of the work
-// item to finish (atomic counter after __threadfence) merges the splits with all its
-// threads and writes the output, then resets the counter for the next launch.
+// split the block writes the output. Split, the blocks of a work item come in thread-block
+// clusters of CLUSTER (set at launch by the launch rule; the kernel traps without it) and
+// merge through distributed shared memory: each block leaves its partial (max, sum, 128
+// accumulators per head) in its own shared memory, and after a cluster barrier block r
+// reads every block's values for the (head, 4 dims) columns r, r + CLUSTER, ... (mapa +
+// ld.shared::cluster, CLUSTER loads in flight) and folds them. One cluster per work item
+// (the launch rule's split at batch 1 with WAVE_BLOCKS 64 and CLUSTER 8, or 132 and 16):
+// that is the output, with no global scratch, fence or counter, where the last-block merge
+// below costs an atomic and an L2 round trip per 8 splits. With more than one cluster per
+// work item, each
+// cluster's merged partial goes to a module-scope scratch area, and the last block of the
+// work item to finish (atomic counter after __threadfence) merges the clusters' partials
+// with all its threads and writes the output, then resets the counter for the next launch.
+// CLUSTER 1 is that global merge over every split, with no cluster.
 #include <cuda_fp16.h>
 
 #define NEG_INF __int_as_float(0xff800000)
@@ -57,6 +67,9 @@
 #ifndef STAGES
 #define STAGES 3           // ring depth in tiles: STAGES - 1 tiles in flight per warp
 #endif
+#ifndef CLUSTER
+#define CLUSTER 8          // blocks per cluster when split (the launch rule's cluster)
+#endif
 #define THREADS (WARPS * 32)
 #define TILE 16            // keys per warp per step
 #define KEY_BYTES 256      // one key row of K or V
@@ -65,8 +78,9 @@
 #define ROW (HEAD_DIM + 4) // padded shared-memory row of the merge: fewer bank conflicts
 // Merge slots of the last block: one per thread, or one per (head, 4 dims) column.
 #define SLOTS (THREADS > HEADS * 32 ? THREADS : HEADS * 32)
-// Scratch capacity (4 MB). The launch rule keeps (work items) * (splits) at most
-// WAVE_BLOCKS whenever there is more than one split; room for WAVE_BLOCKS up to 1024.
+// Scratch capacity (4 MB), for one partial per cluster (per split with CLUSTER 1). The
+// launch rule splits below SPLIT_ITEMS work items only, into at most
+// max(CLUSTER, WAVE_BLOCKS / items) splits; the kernel traps rather than overrun it.
 // Plain numbers: tests/tests/scripted_proposals.rs reads them to check the launch rule.
 #define MAX_ITEMS 1024
 #define MAX_PARTIALS 8192  // MAX_ITEMS * HEADS
@@ -78,12 +92,13 @@ static_assert(THREADS <= 1024, "WARPS: at most 32 warps per block");
 // The merges reuse the ring: the warps' rows, then the last block's slots.
 static_assert(WARPS * RING_BYTES >= WARPS * HEADS * ROW * 4, "ring too small for the merge");
 static_assert(WARPS * RING_BYTES >= SLOTS * 24, "ring too small for the split merge");
+static_assert(CLUSTER >= 1 && CLUSTER <= 16, "CLUSTER: 1 to 16 blocks (16 is non-portable)");
 
 __device__ float partial_acc[MAX_PARTIALS * HEAD_DIM];
 __device__ float2 partial_ml[MAX_PARTIALS];
 __device__ unsigned int arrivals[MAX_ITEMS];
 
-// PTX-BEGIN: async copy, exp2, and the tensor-core step.
+// PTX-BEGIN: async copy, clusters, exp2, and the tensor-core step.
 __device__ __forceinline__ unsigned int smem_addr(const void* p) {
     return (unsigned int)__cvta_generic_to_shared(p);
 }
@@ -104,6 +119,48 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Thread-block cluster: this block's rank, the cluster's size (1 for a launch without a
+// cluster), the split barrier (arrive releases this block's shared-memory writes, wait
+// acquires the others'), and loads from the shared memory of the cluster's block `rank`
+// at the address of `p` in this block.
+__device__ __forceinline__ unsigned int cluster_rank() {
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned int cluster_blocks() {
+    unsigned int n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
+}
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ unsigned int remote_addr(const void* p, unsigned int rank) {
+    unsigned int r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float2 load_remote2(const float2* p, unsigned int rank) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"(remote_addr(p, rank))
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 load_remote4(const float4* p, unsigned int rank) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(remote_addr(p, rank))
+                 : "memory");
+    return v;
 }
 
 __device__ __forceinline__ float ex2(float x) {
@@ -127,6 +184,17 @@ __device__ __forceinline__ void mma_rows8(float& d0, float& d1, unsigned int a0,
 __device__ __forceinline__ unsigned int pack_half2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const unsigned int*>(&h);
+}
+
+// Dims 4 c4 .. 4 c4 + 3 of query head `head` of batch b: the accumulators over their sum.
+__device__ __forceinline__ void write_out(__half* out, unsigned int b, unsigned int q_heads,
+                                          unsigned int head, unsigned int c4, float4 a,
+                                          float sum) {
+    const float inv = 1.0f / sum;
+    uint2 r;
+    r.x = pack_half2(a.x * inv, a.y * inv);
+    r.y = pack_half2(a.z * inv, a.w * inv);
+    *reinterpret_cast<uint2*>(out + ((size_t)b * q_heads + head) * HEAD_DIM + 4 * c4) = r;
 }
 
 __device__ __forceinline__ unsigned int word(const uint4& u, int i) {
@@ -243,6 +311,10 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
     __shared__ float2 sm_ml[WARPS][HEADS];
     __shared__ uint4 sm_q[4][32];
     __shared__ bool sm_last;
+    // This block's partial for the cluster merge: per head, the max and sum, and the
+    // 128 accumulators.
+    __shared__ float2 cl_ml[HEADS];
+    __shared__ __align__(16) float cl_acc[HEADS][HEAD_DIM];
 
     const unsigned int group_size = q_heads / kv_heads;
     const unsigned int chunks = (group_size + HEADS - 1) / HEADS;
@@ -253,8 +325,16 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
     const unsigned int h0 = kvh * group_size + chunk * HEADS;  // first query head
     const unsigned int nh = min((unsigned int)HEADS, group_size - chunk * HEADS);
     const unsigned int splits = gridDim.x, split = blockIdx.x;
-    if (splits > 1 && (gridDim.y > MAX_ITEMS || splits * gridDim.y * HEADS > MAX_PARTIALS))
-        __trap();  // the launch rule never asks for this; never overrun the scratch
+    // Split, the blocks of a work item merge in clusters of CLUSTER, and the `groups`
+    // clusters (splits with CLUSTER 1) through the scratch.
+    const bool clustered = CLUSTER > 1 && splits > 1;
+    const unsigned int groups = clustered ? splits / CLUSTER : splits;
+    const unsigned int group = clustered ? split / CLUSTER : split;
+    // The launch rule never asks for these: fault loudly rather than merge the wrong
+    // blocks or overrun the scratch.
+    if (clustered && (cluster_blocks() != CLUSTER || splits % CLUSTER != 0)) __trap();
+    if (groups > 1 && (gridDim.y > MAX_ITEMS || groups * gridDim.y * HEADS > MAX_PARTIALS))
+        __trap();
 
     // Whole tiles per split (the last split takes the rest); trailing splits may be empty.
     const unsigned int per = ((seq_len + splits - 1) / splits + TILE - 1) / TILE * TILE;
@@ -360,12 +440,10 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
             a.w = fmaf(x.w, wt, a.w);
         }
         if (direct) {
-            const float inv = 1.0f / ll;
-            uint2 r;
-            r.x = pack_half2(a.x * inv, a.y * inv);
-            r.y = pack_half2(a.z * inv, a.w * inv);
-            *reinterpret_cast<uint2*>(out + ((size_t)b * q_heads + h0 + h) * HEAD_DIM +
-                                      4 * c4) = r;
+            write_out(out, b, q_heads, h0 + h, c4, a, ll);
+        } else if (clustered) {
+            *reinterpret_cast<float4*>(&cl_acc[h][4 * c4]) = a;
+            if (c4 == 0) cl_ml[h] = make_float2(mm, ll);
         } else {
             const unsigned int p = (item * splits + split) * HEADS + h;
             *reinterpret_cast<float4*>(&partial_acc[(size_t)p * HEAD_DIM + 4 * c4]) = a;
@@ -374,7 +452,51 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
     }
     if (direct) return;
 
-    // Last block of the work item merges the splits.
+    if (clustered) {
+        // Every block of the cluster has its partial in its shared memory (unwritten heads
+        // past nh are never read). Block `rank` folds columns rank, rank + CLUSTER, ...
+        cluster_arrive();
+        cluster_wait();
+        const unsigned int rank = cluster_rank(), cols = nh * 32;
+        for (unsigned int col = rank + CLUSTER * tid; col < cols; col += CLUSTER * THREADS) {
+            const unsigned int h = col >> 5, c4 = col & 31u;
+            float2 ml[CLUSTER];
+            float4 x[CLUSTER];
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r) {
+                ml[r] = load_remote2(&cl_ml[h], r);
+                x[r] = load_remote4(reinterpret_cast<const float4*>(&cl_acc[h][4 * c4]), r);
+            }
+            float mm = NEG_INF;
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r) mm = fmaxf(mm, ml[r].x);
+            const float ms = mm == NEG_INF ? 0.0f : mm;  // a cluster of empty splits
+            float ll = 0.0f;
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r) {
+                const float wt = ex2(ml[r].x - ms);
+                ll = fmaf(ml[r].y, wt, ll);
+                a.x = fmaf(x[r].x, wt, a.x);
+                a.y = fmaf(x[r].y, wt, a.y);
+                a.z = fmaf(x[r].z, wt, a.z);
+                a.w = fmaf(x[r].w, wt, a.w);
+            }
+            if (groups == 1) {
+                write_out(out, b, q_heads, h0 + h, c4, a, ll);
+            } else {
+                const unsigned int p = (item * groups + group) * HEADS + h;
+                *reinterpret_cast<float4*>(&partial_acc[(size_t)p * HEAD_DIM + 4 * c4]) = a;
+                if (c4 == 0) partial_ml[p] = make_float2(mm, ll);
+            }
+        }
+        // No block may exit (or go on) while another can still read its shared memory.
+        cluster_arrive();
+        cluster_wait();
+        if (groups == 1) return;
+    }
+
+    // Last block of the work item merges the groups' partials.
     __threadfence();
     __syncthreads();
     if (tid == 0) sm_last = atomicAdd(&arrivals[item], 1u) == splits - 1;
@@ -394,14 +516,14 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
         const unsigned int h = col >> 5, c4 = col & 31u;
         float mm = NEG_INF, ll = 0.0f;
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const unsigned int p0 = item * splits * HEADS + h;
-        for (unsigned int s0 = part; s0 < splits; s0 += 8 * parts) {
+        const unsigned int p0 = item * groups * HEADS + h;
+        for (unsigned int s0 = part; s0 < groups; s0 += 8 * parts) {
             float2 ml[8];
             float4 x[8];
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
                 const unsigned int s = s0 + u * parts;
-                if (s < splits) {
+                if (s < groups) {
                     const unsigned int p = p0 + s * HEADS;
                     ml[u] = __ldcg(&partial_ml[p]);
                     x[u] = __ldcg(reinterpret_cast<const float4*>(
@@ -445,11 +567,7 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
             a.z = fmaf(x.z, wt, a.z);
             a.w = fmaf(x.w, wt, a.w);
         }
-        const float inv = 1.0f / ll;
-        uint2 r;
-        r.x = pack_half2(a.x * inv, a.y * inv);
-        r.y = pack_half2(a.z * inv, a.w * inv);
-        *reinterpret_cast<uint2*>(out + ((size_t)b * q_heads + h0 + h) * HEAD_DIM + 4 * c4) = r;
+        write_out(out, b, q_heads, h0 + h, c4, a, ll);
     }
     if (tid == 0) arrivals[item] = 0;  // ready for the next launch (stream-ordered)
 }
