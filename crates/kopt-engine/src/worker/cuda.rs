@@ -1027,7 +1027,15 @@ fn event(s: &Arc<CudaStream>) -> Result<cudarc::driver::CudaEvent, Stop> {
         .map_err(|e| Stop::driver("event", e))
 }
 
-/// One launch between events, µs: a first estimate that sizes the timing graph.
+/// Launches between the events of [`estimate_us`].
+const ESTIMATE_LAUNCHES: usize = 4;
+
+/// µs per launch of a few back-to-back launches between events: a first estimate that
+/// sizes the timing graph. Not one launch: the events would then also time whatever
+/// delays its start (the host's submission of it, for one), which once made a 38 µs
+/// kernel launched with a cluster look like more than 62 µs and halved its graph against
+/// its rival's (docs/runs/2026-11-29-h200-dsmem-merge); the later launches are submitted
+/// while the first runs.
 fn estimate_us(
     s: &Arc<CudaStream>,
     f: &CudaFunction,
@@ -1035,10 +1043,13 @@ fn estimate_us(
     p: &mut Params,
 ) -> Result<f64, Stop> {
     let e0 = event(s)?;
-    launch(s, f, g, p).map_err(|e| Stop::driver("launch", e))?;
+    for _ in 0..ESTIMATE_LAUNCHES {
+        launch(s, f, g, p).map_err(|e| Stop::driver("launch", e))?;
+    }
     let e1 = event(s)?;
     e1.synchronize().map_err(|e| Stop::driver("kernel", e))?;
-    Ok(e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64 * 1e3)
+    let ms = e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64;
+    Ok(ms * 1e3 / ESTIMATE_LAUNCHES as f64)
 }
 
 /// Per-launch samples (µs) of each graph of `reps` launches: one untimed replay each,
