@@ -185,6 +185,12 @@ pub struct TimingPolicy {
     pub max_seconds: f64,
     /// Device time of one sample (a graph replay of several launches), µs.
     pub graph_target_us: f64,
+    /// Launches per graph at least, whatever `graph_target_us` gives: a replay's start
+    /// costs about as much as a short kernel, and a long graph amortises it as a real
+    /// model's graph of hundreds of kernels does. 32, as `scripts/torch_compare.py` times
+    /// PyTorch (`--min-calls`), so that kopt's and PyTorch's times compare like for like.
+    #[serde(default = "default_min_graph_launches")]
+    pub min_graph_launches: u32,
     /// Copies of the inputs cycled so that launches read cold data (at most).
     pub max_input_sets: u32,
 }
@@ -198,9 +204,14 @@ impl Default for TimingPolicy {
             target_spread: 0.02,
             max_seconds: 2.0,
             graph_target_us: 500.0,
+            min_graph_launches: default_min_graph_launches(),
             max_input_sets: 64,
         }
     }
+}
+
+fn default_min_graph_launches() -> u32 {
+    32
 }
 
 /// Seeds of the input sets. Every check draws fresh inputs from its own seed.

@@ -14,7 +14,8 @@ use crate::stats::Timing;
 
 /// Bumped on any incompatible change of the messages below. 3: a job's geometry carries
 /// the cluster set at launch, which a worker of version 2 would ignore and launch without.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: the timing policy's minimum graph length, which a worker of version 3 would ignore.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]

@@ -1011,6 +1011,7 @@ fn timing_sets(per_set: u64, l2_bytes: u64, max_sets: u32) -> (usize, bool) {
 fn graph_reps(policy: &TimingPolicy, estimate_us: f64, sets: usize) -> usize {
     let reps = ((policy.graph_target_us / estimate_us.max(0.5)).ceil() as usize)
         .next_power_of_two()
+        .max(policy.min_graph_launches as usize)
         .clamp(sets, 2048);
     reps.div_ceil(sets) * sets
 }
@@ -1285,4 +1286,44 @@ fn compare_outputs(
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{graph_reps, timing_sets};
+    use crate::job::TimingPolicy;
+
+    #[test]
+    fn graphs_hold_the_policy_minimum_of_launches_and_whole_rounds_of_input_sets() {
+        let policy = TimingPolicy::default();
+        // 500 µs of a 38 µs kernel is 14 launches, 16 as a power of two: the minimum wins.
+        assert_eq!(graph_reps(&policy, 38.0, 1), 32);
+        // Short kernels: the time target gives more.
+        assert_eq!(graph_reps(&policy, 2.0, 1), 256);
+        // A multiple of the input sets, so that each replay reads every set alike.
+        assert_eq!(graph_reps(&policy, 38.0, 5) % 5, 0);
+        assert!(graph_reps(&policy, 38.0, 5) >= 32);
+        // Never more than 2048, whatever the target.
+        let long = TimingPolicy {
+            graph_target_us: 1e6,
+            ..TimingPolicy::default()
+        };
+        assert_eq!(graph_reps(&long, 1.0, 1), 2048);
+        let search = TimingPolicy {
+            min_graph_launches: 1,
+            graph_target_us: 100.0,
+            ..TimingPolicy::default()
+        };
+        assert_eq!(graph_reps(&search, 38.0, 1), 4);
+    }
+
+    #[test]
+    fn timing_sets_exceed_twice_the_l2_when_they_can() {
+        let l2 = 60 << 20;
+        assert_eq!(timing_sets(200 << 20, l2, 64), (1, true));
+        let (sets, cold) = timing_sets(4 << 20, l2, 64);
+        assert!(cold && sets as u64 * (4 << 20) >= 2 * l2);
+        // Capped: timed warm, and the method says so.
+        assert_eq!(timing_sets(1 << 10, l2, 64), (64, false));
+    }
 }
