@@ -16,15 +16,20 @@
 //
 // Work item = (batch, kv head, group of up to 8 of the query heads sharing that KV head):
 // each K and V row is read once for all of them. The sequence is split over gridDim.x
-// blocks (the launch rule picks the split so that the grid is about one wave of at most
-// WAVE_BLOCKS blocks of equal key ranges whatever batch * kv_heads is); blockIdx.y is
-// the work item. Warp w of a block takes the split's tiles w, w + WARPS, ... From
-// SPLIT_ITEMS work items up (a launch-rule define) the rule does not split at all: each
-// block streams a whole work item and writes its output directly, with no partials, no
-// fence and no counter. On the H200 at batch 8 (64 items) 64 such blocks beat 128 blocks
-// of 2 splits (12.38 against 13.16 us at 1024 keys, 35.89 against 36.93 at 4096,
-// docs/runs/2026-11-29-h200-cluster-at-launch): the split's merge costs more than the
-// 64 more SMs bring. With 8 items (batch 1) 16 splits of 128 blocks stay faster.
+// blocks of equal key ranges (trailing ones may be empty); blockIdx.y is the work item.
+// Warp w of a block takes the split's tiles w, w + WARPS, ... From SPLIT_ITEMS work items
+// up (a launch-rule define) the rule does not split at all: each block streams a whole
+// work item and writes its output directly, with no partials, no fence and no counter.
+// On the H200 at batch 8 (64 items) 64 such blocks beat 128 blocks of 2 splits (12.38
+// against 13.16 us at 1024 keys, 35.89 against 36.93 at 4096,
+// docs/runs/2026-11-29-h200-cluster-at-launch): the split's merge through global memory
+// cost more than the 64 more SMs brought. Below SPLIT_ITEMS the rule splits each work item
+// into max(CLUSTER, WAVE_BLOCKS / items rounded down to whole clusters) blocks: at batch 1
+// (8 items) with CLUSTER 8 and WAVE_BLOCKS 64, one cluster of 8 splits per item, 64
+// blocks, merged in the cluster (below). Clusters of 8 with 16 splits, and of 10 to 16,
+// lost by 35-60% there: the H200 holds 15 clusters of 8 blocks and 7 of 16 with this
+// kernel's 192 KB of shared memory, so the rest of the grid ran in a second wave
+// (docs/runs/2026-11-29-h200-dsmem-merge).
 //
 // Per warp and tile of 16 keys:
 //   scores  S[8 heads x 16 keys] = Q[heads x 128] K^T    (16 mma.m16n8k16, rows 8..15 zero)
@@ -47,14 +52,14 @@
 // merge through distributed shared memory: each block leaves its partial (max, sum, 128
 // accumulators per head) in its own shared memory, and after a cluster barrier block r
 // reads every block's values for the (head, 4 dims) columns r, r + CLUSTER, ... (mapa +
-// ld.shared::cluster, CLUSTER loads in flight) and folds them. One cluster per work item
-// (the launch rule's split at batch 1 with WAVE_BLOCKS 64 and CLUSTER 8, or 132 and 16):
-// that is the output, with no global scratch, fence or counter, where the last-block merge
-// below costs an atomic and an L2 round trip per 8 splits. With more than one cluster per
-// work item, each
-// cluster's merged partial goes to a module-scope scratch area, and the last block of the
-// work item to finish (atomic counter after __threadfence) merges the clusters' partials
-// with all its threads and writes the output, then resets the counter for the next launch.
+// ld.shared::cluster, CLUSTER loads in flight) and folds them. With one cluster per work
+// item that is the output, with no global scratch, fence or counter: at batch 1 seq_len
+// 32768 36.26 us against 37.39 for the previous variant (this kernel's global merge, 16
+// splits on 128 blocks; one session, docs/runs/2026-11-29-h200-dsmem-merge). With more than one cluster per
+// work item, each cluster's merged partial goes to a module-scope scratch area, and the
+// last block of the work item to finish (atomic counter after __threadfence) merges the
+// clusters' partials with all its threads and writes the output, then resets the counter
+// for the next launch.
 // CLUSTER 1 is that global merge over every split, with no cluster.
 #include <cuda_fp16.h>
 
