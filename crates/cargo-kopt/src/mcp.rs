@@ -567,12 +567,12 @@ impl Session {
             detail: verdict.summary(),
             times_us: verdict.candidate_times(),
         });
-        let gain = verdict
-            .comparisons
-            .iter()
-            .map(|c| c.speedup)
-            .fold(0.0, f64::max);
-        let improved = verdict.accepted && gain > 1.0 + limits.min_gain;
+        // The loop's rule for a new best, with this session's minimum gain.
+        let rules = kopt_agent::run::Rules {
+            min_gain: limits.min_gain,
+            ..kopt_agent::run::Rules::default()
+        };
+        let improved = verdict.accepted && kopt_agent::run::improvement(&verdict, &rules).is_some();
         let mut pending = None;
         if improved {
             let k = self.kernel(&a.kernel)?;

@@ -68,8 +68,12 @@ pub struct Rules {
     pub rounds_without_improvement: u32,
     pub repeats_of_an_error: u32,
     pub failed_verifications_in_a_row: u32,
-    /// A win must be faster than the best by this fraction on some shape.
+    /// A win must be faster than the best by this fraction on some shape...
     pub min_gain: f64,
+    /// ... or faster on every shape, by this fraction in geometric mean: a candidate
+    /// 2.4-2.9% faster on each of three shapes is better, though no shape clears
+    /// `min_gain` (a transpose block order on the H200, docs/runs/2026-11-29-h200-dsmem-merge).
+    pub min_uniform_gain: f64,
 }
 
 impl Default for Rules {
@@ -80,6 +84,7 @@ impl Default for Rules {
             repeats_of_an_error: 2,
             failed_verifications_in_a_row: 3,
             min_gain: 0.03,
+            min_uniform_gain: 0.01,
         }
     }
 }
@@ -298,17 +303,21 @@ impl LoopBest {
 }
 
 /// The loop's rule for a new best: every fence passed, and faster than the current best
-/// by more than `rules.min_gain` on some shape. Returns that largest per-shape gain.
+/// by more than `rules.min_gain` on some shape (returns that largest per-shape gain), or
+/// not slower on any shape and faster by more than `rules.min_uniform_gain` in geometric
+/// mean over the shapes (returns that mean).
 pub fn improvement(verdict: &Verdict, rules: &Rules) -> Option<f64> {
-    if !verdict.failures.is_empty() {
+    if !verdict.failures.is_empty() || verdict.comparisons.is_empty() {
         return None;
     }
-    let gain = verdict
-        .comparisons
-        .iter()
-        .map(|c| c.speedup)
-        .fold(0.0, f64::max);
-    (gain > 1.0 + rules.min_gain).then_some(gain)
+    let speedups: Vec<f64> = verdict.comparisons.iter().map(|c| c.speedup).collect();
+    let largest = speedups.iter().copied().fold(0.0, f64::max);
+    if largest > 1.0 + rules.min_gain {
+        return Some(largest);
+    }
+    let mean = (speedups.iter().map(|s| s.ln()).sum::<f64>() / speedups.len() as f64).exp();
+    let everywhere = speedups.iter().all(|s| *s >= 1.0);
+    (everywhere && mean > 1.0 + rules.min_uniform_gain).then_some(mean)
 }
 
 /// The candidate whose matrix is searched.
@@ -1040,4 +1049,64 @@ pub fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> Kernel
         v.options = r.proposal.options.clone();
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{improvement, Rules};
+    use kopt_engine::stats::{watchdog, ShapeComparison};
+    use kopt_engine::verdict::{Failure, Fence, Verdict};
+
+    /// A verdict that passed every fence, with (shape, best µs, candidate µs) per shape.
+    fn verdict(times: &[(&str, f64, f64)]) -> Verdict {
+        let timed: Vec<(String, f64, f64)> = times
+            .iter()
+            .map(|(s, b, c)| (s.to_string(), *b, *c))
+            .collect();
+        let comparisons: Vec<ShapeComparison> = watchdog(&timed, 0.03);
+        Verdict {
+            accepted: true,
+            failures: vec![],
+            shapes: vec![],
+            wins: vec![],
+            comparisons,
+            outliers: vec![],
+            notes: vec![],
+            compile_log: String::new(),
+            seeds: vec![],
+        }
+    }
+
+    #[test]
+    fn a_new_best_is_much_faster_somewhere_or_faster_everywhere() {
+        let rules = Rules::default();
+        // The transpose block orders of docs/runs/2026-11-29-h200-dsmem-merge: ORDER 1
+        // against the best so far (ORDER 2), 2.4-2.9% faster on each shape.
+        let uniform = verdict(&[
+            ("cols=1024 rows=16384", 35.97, 35.11),
+            ("cols=16384 rows=4096", 135.46, 132.18),
+            ("cols=8192 rows=8192", 135.90, 131.98),
+        ]);
+        let gain = improvement(&uniform, &rules).expect("faster on every shape");
+        assert!((gain - 1.027).abs() < 0.002, "{gain}");
+        // More than 3% on one shape, a little slower on another: a win, as before.
+        let one = verdict(&[("a", 10.0, 9.0), ("b", 10.0, 10.2)]);
+        let gain = improvement(&one, &rules).expect("11% on one shape");
+        assert!((gain - 10.0 / 9.0).abs() < 1e-9);
+        // 2% faster on two shapes but slower on a third: not a new best.
+        let mixed = verdict(&[("a", 10.0, 9.8), ("b", 10.0, 9.8), ("c", 10.0, 10.05)]);
+        assert_eq!(improvement(&mixed, &rules), None);
+        // Faster everywhere, but by less than 1% in geometric mean: noise, not a win.
+        let small = verdict(&[("a", 10.0, 9.95), ("b", 10.0, 9.93)]);
+        assert_eq!(improvement(&small, &rules), None);
+        // A failed fence, or no timed shape, is never a new best.
+        let mut failed = uniform.clone();
+        failed.failures.push(Failure {
+            fence: Fence::Watchdog,
+            shape: None,
+            message: "x".into(),
+        });
+        assert_eq!(improvement(&failed, &rules), None);
+        assert_eq!(improvement(&verdict(&[]), &rules), None);
+    }
 }
