@@ -89,6 +89,50 @@ fn a_plain_candidate_is_accepted_with_figures_and_held_out_shapes() {
     );
 }
 
+/// A launch whose clusters the device cannot hold at once is accepted (it is correct) but
+/// noted per declared shape: the rest of its grid waits for a second wave of clusters.
+#[test]
+fn clusters_beyond_what_the_device_holds_at_once_are_noted() {
+    let mut f = fixture(false);
+    let mut job = candidate(&f, "// kopt-fake: max-active-clusters 16");
+    let k =
+        f.g.kernels
+            .iter()
+            .find(|k| k.spec.name == "softmax")
+            .unwrap();
+    let names = k.spec.int_names();
+    let kinds = |n: &str| k.spec.var_kind_with(n, &[]);
+    let parse =
+        |t: &str| kopt_spec::expr::parse_str(t, kopt_spec::expr::Ty::Int, &kinds, &names).unwrap();
+    // grid = rows: clusters of 4 blocks wherever the rows allow.
+    job.candidate.launch.cluster = Some([
+        parse("if rows % 4 == 0 { 4 } else { 1 }"),
+        parse("1"),
+        parse("1"),
+    ]);
+    let v = judge(&mut f, &job);
+    assert!(v.accepted, "{}", v.summary());
+    let notes: Vec<&String> = v
+        .notes
+        .iter()
+        .filter(|n| n.contains("waves of clusters"))
+        .collect();
+    // 4096 and 32768 rows: 1024 and 8192 clusters; 16 and 8 rows: 4 and 2, which fit.
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(
+        notes.iter().any(|n| n.as_str()
+            == "cols=1024 rows=32768: 8192 clusters of 4 blocks, of which the device holds 16 at once: 512.00 waves of clusters"),
+        "{notes:?}"
+    );
+    // Without a cluster the figure is not asked for, and nothing is noted.
+    let plain = check(&mut f, "// kopt-fake: max-active-clusters 16");
+    assert!(
+        !plain.notes.iter().any(|n| n.contains("clusters")),
+        "{:?}",
+        plain.notes
+    );
+}
+
 #[test]
 fn each_fence_rejects_its_failure() {
     let mut f = fixture(false);

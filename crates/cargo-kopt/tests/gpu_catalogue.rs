@@ -445,6 +445,25 @@ fn a_cluster_set_at_launch_reaches_the_kernel() {
         let ev = engine.evaluate(&job, &mut |_| {});
         let verdict = Judge::new(None).judge(&ev.report);
         println!("cluster rule {with_rule}: {}", verdict.summary());
+        if with_rule {
+            // The driver says how many clusters of 4 fit at once, for every shape run.
+            let report = ev.report.as_ref().expect("a report from the worker");
+            for s in report.shapes.iter().filter(|s| s.error.is_none()) {
+                let o = s.candidate.as_ref().and_then(|c| c.occupancy);
+                let n = o.and_then(|o| o.max_active_clusters);
+                println!("{}: {n:?} clusters of 4 resident at once", s.label);
+                assert!(n.is_some_and(|n| n >= 1), "{}: {o:?}", s.label);
+            }
+            // 32768 rows are 8192 clusters: more than any device holds at once.
+            assert!(
+                verdict
+                    .notes
+                    .iter()
+                    .any(|n| n.starts_with("cols=1024 rows=32768: 8192 clusters of 4 blocks")),
+                "{:?}",
+                verdict.notes
+            );
+        }
         verdicts.push(verdict);
     }
     assert!(verdicts[0].correct(), "{:?}", verdicts[0].failures);

@@ -160,11 +160,31 @@ pub struct Occupancy {
     pub blocks_per_sm: u32,
     pub warps_per_sm: u32,
     pub max_warps_per_sm: u32,
+    /// With a cluster set at launch: how many such clusters the device holds at once
+    /// (`cuOccupancyMaxActiveClusters`). Fewer than blocks per SM times SMs would suggest:
+    /// a cluster needs its SMs in one GPC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_active_clusters: Option<u32>,
 }
 
 impl Occupancy {
     pub fn percent(&self) -> f64 {
         100.0 * self.warps_per_sm as f64 / self.max_warps_per_sm.max(1) as f64
+    }
+
+    /// How many times over the grid of `g` fills the device: its clusters over the
+    /// clusters resident at once when it is launched with a cluster and that figure is
+    /// known, else its blocks over the blocks all `multiprocessors` hold at once.
+    pub fn waves(&self, g: &Geometry, multiprocessors: u32) -> Option<f64> {
+        let blocks = g.grid.iter().map(|&d| d as f64).product::<f64>();
+        let per_cluster = g.cluster.iter().map(|&d| d as f64).product::<f64>();
+        match self.max_active_clusters {
+            Some(n) if per_cluster > 1.0 && n > 0 => Some(blocks / per_cluster / n as f64),
+            _ => {
+                let slots = self.blocks_per_sm as f64 * multiprocessors as f64;
+                (slots > 0.0).then(|| blocks / slots)
+            }
+        }
     }
 }
 
@@ -234,4 +254,37 @@ pub struct EvalReport {
     /// worker exits after sending this report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Occupancy;
+    use crate::job::Geometry;
+
+    fn occupancy(blocks_per_sm: u32, max_active_clusters: Option<u32>) -> Occupancy {
+        Occupancy {
+            blocks_per_sm,
+            warps_per_sm: blocks_per_sm * 8,
+            max_warps_per_sm: 64,
+            max_active_clusters,
+        }
+    }
+
+    #[test]
+    fn waves_count_clusters_when_the_launch_has_them() {
+        let plain = Geometry::plain([264, 1, 1], [256, 1, 1], 0);
+        assert_eq!(occupancy(1, None).waves(&plain, 132), Some(2.0));
+        // GQA decode at batch 1 with two clusters of 8 a work item: 16 clusters, of which
+        // the H200 holds 15 (1 block an SM would suggest 16.5).
+        let clustered = Geometry {
+            cluster: [8, 1, 1],
+            ..Geometry::plain([16, 8, 1], [256, 1, 1], 196608)
+        };
+        let w = occupancy(1, Some(15)).waves(&clustered, 132).unwrap();
+        assert!((w - 16.0 / 15.0).abs() < 1e-12, "{w}");
+        // The cluster figure unknown (an older worker): blocks over slots.
+        let w = occupancy(1, None).waves(&clustered, 132).unwrap();
+        assert!((w - 128.0 / 132.0).abs() < 1e-12, "{w}");
+        assert_eq!(occupancy(0, None).waves(&plain, 132), None);
+    }
 }

@@ -339,6 +339,12 @@ impl Judge {
                 curve.push((s.label.clone(), s.bytes as f64, t.median_us));
             }
             let cand = s.candidate.as_ref();
+            if let Some(note) = cand
+                .filter(|_| !s.held_out)
+                .and_then(|c| cluster_waves_note(&s.label, c))
+            {
+                v.notes.push(note);
+            }
             let mut outputs: BTreeMap<String, (f64, f64)> = BTreeMap::new();
             for c in &s.checks {
                 if !v.seeds.contains(&c.seed) {
@@ -409,4 +415,24 @@ fn first_lines(s: &str, n: usize) -> String {
         out.push_str(&format!("\n... ({} more lines)", lines.len() - n));
     }
     out
+}
+
+/// A note when a launch's clusters do not all fit on the device at once: the rest of the
+/// grid waits for the first clusters to finish, which no block-level occupancy figure
+/// shows (on the H200, 16 clusters of 8 blocks of 192 KB ran a GQA decode 44% slower
+/// than 8 clusters: the device holds 15; docs/runs/2026-11-29-h200-dsmem-merge).
+pub fn cluster_waves_note(shape: &str, launch: &LaunchFigures) -> Option<String> {
+    let g = &launch.geometry;
+    let per_cluster: u64 = g.cluster.iter().map(|&d| d as u64).product();
+    let resident = launch.occupancy?.max_active_clusters?;
+    if per_cluster <= 1 {
+        return None;
+    }
+    let clusters: u64 = g.grid.iter().map(|&d| d as u64).product::<u64>() / per_cluster;
+    (clusters > resident as u64).then(|| {
+        format!(
+            "{shape}: {clusters} clusters of {per_cluster} blocks, of which the device holds {resident} at once: {:.2} waves of clusters",
+            clusters as f64 / resident.max(1) as f64
+        )
+    })
 }

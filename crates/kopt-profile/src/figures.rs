@@ -91,12 +91,11 @@ impl EngineFigures {
         })
     }
 
-    /// Blocks of the grid over the blocks all SMs hold at once.
+    /// Blocks of the grid over the blocks all SMs hold at once (clusters over the
+    /// clusters the device holds at once, for a launch with a cluster).
     pub fn waves(&self) -> Option<f64> {
-        let g = self.geometry?;
-        let o = self.occupancy?;
-        let slots = o.blocks_per_sm as f64 * self.device.multiprocessors as f64;
-        (slots > 0.0).then(|| (g.grid[0] as f64 * g.grid[1] as f64 * g.grid[2] as f64) / slots)
+        self.occupancy?
+            .waves(self.geometry.as_ref()?, self.device.multiprocessors)
     }
 }
 

@@ -137,7 +137,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "block",
         "blocks per SM the barriers allow",
     ),
-    ("waves", "", "blocks over the blocks all SMs hold at once"),
+    ("waves", "", "blocks over the blocks all SMs hold at once (clusters over the clusters held at once, for a launch with a cluster)"),
     ("blocks", "block", "blocks in the grid"),
     ("block_threads", "thread", "threads per block"),
     (

@@ -37,7 +37,7 @@ pub use kernel::{
 };
 pub use kopt_macros::kernel;
 pub use kopt_spec::{expr, spec, KernelSpec};
-pub use launch::launch_kernel;
+pub use launch::{launch_kernel, max_active_clusters};
 
 pub use cudarc;
 pub use half::{bf16, f16};

@@ -1258,10 +1258,27 @@ fn occupancy(f: &CudaFunction, g: &Geometry, info: &DeviceInfo) -> Option<Occupa
     let blocks = f
         .occupancy_max_active_blocks_per_multiprocessor(threads, g.smem as usize, None)
         .ok()?;
+    let max_active_clusters = (g.cluster != [1, 1, 1])
+        .then(|| {
+            let d = |v: [u32; 3]| (v[0], v[1], v[2]);
+            // SAFETY: `f` belongs to this worker's context, current on this thread.
+            unsafe {
+                kopt::max_active_clusters(
+                    f.cu_function(),
+                    d(g.grid),
+                    d(g.block),
+                    d(g.cluster),
+                    g.smem,
+                )
+            }
+            .ok()
+        })
+        .flatten();
     Some(Occupancy {
         blocks_per_sm: blocks,
         warps_per_sm: blocks * threads.div_ceil(32),
         max_warps_per_sm: info.max_warps_per_sm,
+        max_active_clusters,
     })
 }
 

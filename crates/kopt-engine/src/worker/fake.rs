@@ -16,6 +16,7 @@
 //! // kopt-fake: delay-ms 40              each evaluation takes 40 ms more (interruption tests)
 //! // kopt-fake: wrong-if TOKEN BUFFER    BUFFER is wrong when the version matches TOKEN
 //! // kopt-fake: time-table TOKEN:F ...   a timing model over defines and options (below)
+//! // kopt-fake: max-active-clusters N   launches with a cluster hold N clusters at once
 //! ```
 //!
 //! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs; a one-launch copy
@@ -48,7 +49,7 @@ use kopt_spec::spec::{Direction, Shape};
 use super::Backend;
 use crate::compare::{BadElement, OutputComparison};
 use crate::inputs::Variation;
-use crate::job::{EvalJob, KernelVersion};
+use crate::job::{EvalJob, Geometry, KernelVersion};
 use crate::protocol::*;
 use crate::stats::summarise;
 
@@ -444,11 +445,17 @@ impl Backend for FakeBackend {
                     )
                 })
             };
-            let occupancy = Some(Occupancy {
-                blocks_per_sm: 8,
-                warps_per_sm: 64,
-                max_warps_per_sm: 64,
-            });
+            let max_active_clusters = d
+                .get("max-active-clusters")
+                .and_then(|(_, w)| w.first()?.parse::<u32>().ok());
+            let occupancy = |g: &Geometry| {
+                Some(Occupancy {
+                    blocks_per_sm: 8,
+                    warps_per_sm: 64,
+                    max_warps_per_sm: 64,
+                    max_active_clusters: max_active_clusters.filter(|_| g.cluster != [1, 1, 1]),
+                })
+            };
             report.shapes.push(ShapeReport {
                 label: case.label.clone(),
                 held_out: case.held_out,
@@ -459,12 +466,12 @@ impl Backend for FakeBackend {
                 inputs_modified,
                 reference: Some(LaunchFigures {
                     geometry: rg,
-                    occupancy,
+                    occupancy: occupancy(&rg),
                     timing: timing(ref_us),
                 }),
                 candidate: Some(LaunchFigures {
                     geometry: cg,
-                    occupancy,
+                    occupancy: occupancy(&cg),
                     timing: timing(ref_us * factor),
                 }),
             });
