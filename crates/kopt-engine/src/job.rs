@@ -136,6 +136,14 @@ pub struct Geometry {
 }
 
 impl Geometry {
+    /// Blocks per cluster set at launch (1 without one), and how many such clusters the
+    /// grid holds.
+    pub fn clusters(&self) -> (u64, u64) {
+        let product = |v: [u32; 3]| v.iter().map(|&d| d as u64).product::<u64>();
+        let per_cluster = product(self.cluster).max(1);
+        (per_cluster, product(self.grid) / per_cluster)
+    }
+
     /// A launch without a cluster attribute.
     pub fn plain(grid: [u32; 3], block: [u32; 3], smem: u32) -> Self {
         Geometry {

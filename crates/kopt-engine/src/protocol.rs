@@ -176,13 +176,12 @@ impl Occupancy {
     /// clusters resident at once when it is launched with a cluster and that figure is
     /// known, else its blocks over the blocks all `multiprocessors` hold at once.
     pub fn waves(&self, g: &Geometry, multiprocessors: u32) -> Option<f64> {
-        let blocks = g.grid.iter().map(|&d| d as f64).product::<f64>();
-        let per_cluster = g.cluster.iter().map(|&d| d as f64).product::<f64>();
+        let (per_cluster, clusters) = g.clusters();
         match self.max_active_clusters {
-            Some(n) if per_cluster > 1.0 && n > 0 => Some(blocks / per_cluster / n as f64),
+            Some(n) if per_cluster > 1 && n > 0 => Some(clusters as f64 / n as f64),
             _ => {
                 let slots = self.blocks_per_sm as f64 * multiprocessors as f64;
-                (slots > 0.0).then(|| blocks / slots)
+                (slots > 0.0).then(|| (per_cluster * clusters) as f64 / slots)
             }
         }
     }

@@ -422,14 +422,9 @@ fn first_lines(s: &str, n: usize) -> String {
 /// shows (on the H200, 16 clusters of 8 blocks of 192 KB ran a GQA decode 44% slower
 /// than 8 clusters: the device holds 15; docs/runs/2026-11-29-h200-dsmem-merge).
 pub fn cluster_waves_note(shape: &str, launch: &LaunchFigures) -> Option<String> {
-    let g = &launch.geometry;
-    let per_cluster: u64 = g.cluster.iter().map(|&d| d as u64).product();
+    let (per_cluster, clusters) = launch.geometry.clusters();
     let resident = launch.occupancy?.max_active_clusters?;
-    if per_cluster <= 1 {
-        return None;
-    }
-    let clusters: u64 = g.grid.iter().map(|&d| d as u64).product::<u64>() / per_cluster;
-    (clusters > resident as u64).then(|| {
+    (per_cluster > 1 && clusters > resident as u64).then(|| {
         format!(
             "{shape}: {clusters} clusters of {per_cluster} blocks, of which the device holds {resident} at once: {:.2} waves of clusters",
             clusters as f64 / resident.max(1) as f64
