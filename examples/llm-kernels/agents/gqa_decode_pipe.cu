@@ -27,7 +27,7 @@
 // into max(CLUSTER, WAVE_BLOCKS / items rounded down to whole clusters) blocks: at batch 1
 // (8 items) with CLUSTER 8 and WAVE_BLOCKS 64, one cluster of 8 splits per item, 64
 // blocks, merged in the cluster (below). Clusters of 8 with 16 splits, and of 10 to 16,
-// lost by 35-60% there: the H200 holds 15 clusters of 8 blocks and 7 of 16 with this
+// lost by 32-60% there: the H200 holds 15 clusters of 8 blocks and 7 of 16 with this
 // kernel's 192 KB of shared memory, so the rest of the grid ran in a second wave
 // (docs/runs/2026-11-29-h200-dsmem-merge).
 //
