@@ -106,15 +106,14 @@ impl KernelVersion {
         };
         let smem = eval(&self.launch.smem)?;
         let grid = dim(&self.launch.grid, "grid")?;
-        let cluster = match &self.launch.cluster {
-            Some(c) => dim(c, "cluster")?,
-            None => [1; 3],
-        };
-        if let Some(problem) =
-            kopt_spec::spec::cluster_problem(grid.map(i64::from), cluster.map(i64::from))
-        {
-            return Err(problem);
-        }
+        let cluster = kopt_spec::spec::launch_cluster(
+            grid,
+            self.launch
+                .cluster
+                .as_ref()
+                .map(|c| dim(c, "cluster"))
+                .transpose()?,
+        )?;
         Ok(Geometry {
             grid,
             block: dim(&self.launch.block, "block")?,

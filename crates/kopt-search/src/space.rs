@@ -285,15 +285,14 @@ pub fn launch_of(
     };
     let smem = eval_with(spec, &spec.launch.smem, defines, args)?;
     let grid = dim(&spec.launch.grid, "grid")?;
-    let cluster = match &spec.launch.cluster {
-        Some(c) => dim(c, "cluster")?,
-        None => [1; 3],
-    };
-    if let Some(problem) =
-        kopt_spec::spec::cluster_problem(grid.map(i64::from), cluster.map(i64::from))
-    {
-        return Err(problem);
-    }
+    let cluster = kopt_spec::spec::launch_cluster(
+        grid,
+        spec.launch
+            .cluster
+            .as_ref()
+            .map(|c| dim(c, "cluster"))
+            .transpose()?,
+    )?;
     Ok(Launch {
         grid,
         block: dim(&spec.launch.block, "block")?,

@@ -317,6 +317,16 @@ pub fn cluster_problem(grid: [i64; 3], cluster: [i64; 3]) -> Option<String> {
     })
 }
 
+/// The cluster a launch over `grid` uses (`[1, 1, 1]` when its rule sets none), or why
+/// the rule's cluster cannot launch over that grid ([`cluster_problem`]).
+pub fn launch_cluster(grid: [u32; 3], cluster: Option<[u32; 3]>) -> Result<[u32; 3], String> {
+    let cluster = cluster.unwrap_or([1; 3]);
+    match cluster_problem(grid.map(i64::from), cluster.map(i64::from)) {
+        Some(problem) => Err(problem),
+        None => Ok(cluster),
+    }
+}
+
 /// The whole annotation, normalised. Serialised (JSON) it is what the spec hash covers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KernelSpec {

@@ -1258,22 +1258,21 @@ fn occupancy(f: &CudaFunction, g: &Geometry, info: &DeviceInfo) -> Option<Occupa
     let blocks = f
         .occupancy_max_active_blocks_per_multiprocessor(threads, g.smem as usize, None)
         .ok()?;
-    let max_active_clusters = (g.cluster != [1, 1, 1])
-        .then(|| {
-            let d = |v: [u32; 3]| (v[0], v[1], v[2]);
-            // SAFETY: `f` belongs to this worker's context, current on this thread.
-            unsafe {
-                kopt::max_active_clusters(
-                    f.cu_function(),
-                    d(g.grid),
-                    d(g.block),
-                    d(g.cluster),
-                    g.smem,
-                )
-            }
-            .ok()
-        })
-        .flatten();
+    let max_active_clusters = if g.cluster == [1, 1, 1] {
+        None
+    } else {
+        // SAFETY: `f` belongs to this worker's context, current on this thread.
+        unsafe {
+            kopt::max_active_clusters(
+                f.cu_function(),
+                (g.grid[0], g.grid[1], g.grid[2]),
+                (g.block[0], g.block[1], g.block[2]),
+                (g.cluster[0], g.cluster[1], g.cluster[2]),
+                g.smem,
+            )
+        }
+        .ok()
+    };
     Some(Occupancy {
         blocks_per_sm: blocks,
         warps_per_sm: blocks * threads.div_ceil(32),
