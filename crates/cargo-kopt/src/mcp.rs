@@ -336,7 +336,15 @@ impl Session {
         let Session { g, engine, .. } = self;
         let k = commands::find(g, name).map_err(|e| invalid(e.to_string()))?;
         let engine = engine.as_mut().expect("started above");
-        let snap = optimize::profile_reference(g, k, engine, &settings, &ncu, &dir, &mut |_| {});
+        let snap = optimize::profile_reference(
+            g,
+            k,
+            engine,
+            (&settings, &ncu),
+            optimize::existing_case_library().as_ref(),
+            &dir,
+            &mut |_| {},
+        );
         if let Some(s) = &snap {
             let _ = self.journal.append(Event::Profile {
                 kernel: name.to_string(),
@@ -406,12 +414,15 @@ impl Session {
                     .collect()
             })
             .unwrap_or_default();
-        let library = kopt_store::cases::library_path(None)
-            .ok()
-            .filter(|p| p.exists())
-            .and_then(|p| kopt_store::cases::CaseLibrary::open(&p).ok());
-        let cases = optimize::similar_cases(library.as_ref(), name, &k.reference.text);
-        let snapshot = state.and_then(|s| s.snapshot.as_ref()).map(|s| s.render(8));
+        let library = optimize::existing_case_library();
+        let snapshot = state.and_then(|s| s.snapshot.as_ref());
+        let cases = optimize::similar_cases(
+            library.as_ref(),
+            name,
+            &k.reference.text,
+            &snapshot.map(|s| s.metrics.clone()).unwrap_or_default(),
+        );
+        let snapshot = snapshot.map(|s| s.render(8));
         let structure = kopt_store::features::structural_summary(&k.reference.text);
         let input = ContextInput {
             spec: &k.spec,
@@ -438,7 +449,7 @@ impl Session {
             "ceilings": ceilings,
             "snapshot": snapshot,
             "structure": structure,
-            "similar_cases": cases.iter().map(|c| json!({"case": c.title, "outcome": c.outcome, "diagnosis": c.diagnosis, "change": c.change, "similarity": c.similarity})).collect::<Vec<_>>(),
+            "similar_cases": cases.iter().map(|c| json!({"case": c.title, "outcome": c.outcome, "diagnosis": c.diagnosis, "change": c.change, "similarity": c.similarity, "metric_similarity": c.metric_similarity, "text_similarity": c.text_similarity})).collect::<Vec<_>>(),
             "source": best.source,
             "system": req.system,
             "prompt": req.messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n\n"),

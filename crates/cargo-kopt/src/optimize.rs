@@ -212,6 +212,8 @@ struct RunShared<'a> {
     journal: Mutex<Journal>,
     /// Where every candidate's outcome is recorded, when a library exists.
     library: Mutex<Option<kopt_store::cases::CaseLibrary>>,
+    /// The library as the run found it, which every kernel's similar cases come from.
+    cases_at_start: Mutex<Option<kopt_store::cases::CaseLibrary>>,
 }
 
 impl RunShared<'_> {
@@ -250,20 +252,15 @@ pub fn optimize(
     }
     // The case library, when there is one: similar cases for the context, and every
     // candidate's outcome recorded (rejected and failed ones as negative cases). The
-    // similar cases are read before any kernel starts, so that a kernel's context never
-    // depends on which kernels another device finished first.
-    let library = kopt_store::cases::library_path(None)
-        .ok()
-        .filter(|p| p.exists())
-        .and_then(|p| kopt_store::cases::CaseLibrary::open(&p).ok());
-    let kernels: Vec<(&Kernel, Vec<kopt_agent::context::CaseLine>)> = g
+    // similar cases come from a copy taken before any kernel starts, so that a kernel's
+    // context never depends on which kernels another device finished first; they are
+    // looked up once the kernel's snapshot gives its metric vector.
+    let library = existing_case_library();
+    let cases_at_start = library.as_ref().and_then(|l| l.frozen().ok());
+    let kernels: Vec<&Kernel> = g
         .kernels
         .iter()
         .filter(|k| opts.kernels.is_empty() || opts.kernels.contains(&k.spec.name))
-        .map(|k| {
-            let cases = similar_cases(library.as_ref(), &k.spec.name, &k.reference.text);
-            (k, cases)
-        })
         .collect();
     let shared = RunShared {
         g,
@@ -275,10 +272,11 @@ pub fn optimize(
         redactor: Redactor::from_env(),
         journal: Mutex::new(journal),
         library: Mutex::new(library),
+        cases_at_start: Mutex::new(cases_at_start),
     };
     let results = pool.try_map(
         &kernels,
-        |slot, (k, cases)| optimize_kernel(&shared, slot, k, cases.clone()),
+        |slot, k| optimize_kernel(&shared, slot, k),
         progress,
     )?;
     let results: Vec<KernelResult> = results.into_iter().map(|r| r.value).collect();
@@ -289,12 +287,7 @@ pub fn optimize(
 }
 
 /// The loop for one kernel, on the device of `slot`.
-fn optimize_kernel(
-    run: &RunShared,
-    slot: Slot<'_>,
-    k: &Kernel,
-    cases: Vec<kopt_agent::context::CaseLine>,
-) -> Result<KernelResult, String> {
+fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<KernelResult, String> {
     let (g, opts, cfg) = (run.g, run.opts, &run.cfg);
     let progress = slot.progress;
     let slot_ordinal = slot.ordinal;
@@ -336,14 +329,31 @@ fn optimize_kernel(
     };
     // The reference's bottleneck snapshot: the agent's first input.
     progress(&format!("{}: profiling the reference", k.spec.name));
+    // The kernel's own copy, so that no lock is held while it profiles.
+    let cases_at_start = run
+        .cases_at_start
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|l| l.frozen().ok());
     let snapshot = profile_reference(
         g,
         k,
         engine,
-        &settings,
-        &opts.ncu,
+        (&settings, &opts.ncu),
+        cases_at_start.as_ref(),
         &run.run_dir.join("profile").join(&k.spec.name),
         &mut |m| progress(m),
+    );
+    let reference_metrics = snapshot
+        .as_ref()
+        .map(|s| s.metrics.clone())
+        .unwrap_or_default();
+    let cases = similar_cases(
+        cases_at_start.as_ref(),
+        &k.spec.name,
+        &k.reference.text,
+        &reference_metrics,
     );
     if let Some(s) = &snapshot {
         let _ = run.journal().append(Event::Profile {
@@ -527,7 +537,13 @@ fn optimize_kernel(
     {
         for t in &outcome.tried {
             if let (Some(r), Some(v)) = (&t.resolved, &t.verdict) {
-                let _ = lib.upsert(&tried_case(k, &run.run_id, &device.arch, &t.id, r, v));
+                let _ = lib.upsert(&tried_case(
+                    k,
+                    &reference_metrics,
+                    (&run.run_id, &device.arch, &t.id),
+                    r,
+                    v,
+                ));
             }
         }
     }
@@ -890,17 +906,27 @@ fn parameter_search(s: &run::MatrixSweep, winner: &KernelVersion) -> files::Para
     }
 }
 
-/// Up to five similar past cases, by structure and identifiers (no metric vector until a
-/// snapshot is taken).
+/// The case library at its configured path (`$KOPT_CASES`, else the user's data folder),
+/// when one exists there; the loop and the MCP server never create one.
+pub fn existing_case_library() -> Option<kopt_store::cases::CaseLibrary> {
+    kopt_store::cases::library_path(None)
+        .ok()
+        .filter(|p| p.exists())
+        .and_then(|p| kopt_store::cases::CaseLibrary::open(&p).ok())
+}
+
+/// Up to five similar past cases, by the snapshot's metric vector (when one was taken:
+/// `metrics` empty otherwise), structure and identifiers.
 pub fn similar_cases(
     lib: Option<&kopt_store::cases::CaseLibrary>,
     kernel: &str,
     source: &str,
+    metrics: &BTreeMap<String, f64>,
 ) -> Vec<kopt_agent::context::CaseLine> {
     let Some(lib) = lib else { return vec![] };
     let q = kopt_store::cases::Query {
         kind: Some(kopt_store::features::infer_kind(kernel, source).to_string()),
-        metrics: BTreeMap::new(),
+        metrics: metrics.clone(),
         text: kopt_store::features::search_text(source),
         weights: Default::default(),
     };
@@ -928,17 +954,20 @@ pub fn similar_cases(
             ),
             change: n.case.change.clone(),
             similarity: n.score,
+            metric_similarity: (!metrics.is_empty()).then_some(n.metric_similarity),
+            text_similarity: n.text_similarity,
         })
         .collect()
 }
 
 /// A candidate of the loop as a case: accepted ones with their speedup, the others as
-/// negative cases with the fence that stopped them.
+/// negative cases with the fence that stopped them. `metrics` is the metric vector of the
+/// reference's snapshot (the version the candidate set out to improve), empty when no
+/// snapshot was taken.
 pub fn tried_case(
     k: &Kernel,
-    run_id: &str,
-    arch: &str,
-    candidate: &str,
+    metrics: &BTreeMap<String, f64>,
+    (run_id, arch, candidate): (&str, &str, &str),
     r: &kopt_agent::proposal::Resolved,
     v: &Verdict,
 ) -> kopt_store::cases::Case {
@@ -954,7 +983,7 @@ pub fn tried_case(
         ),
         kind: kopt_store::features::infer_kind(&k.spec.name, &r.source).to_string(),
         features: Features {
-            metrics: BTreeMap::new(),
+            metrics: metrics.clone(),
             structure: kopt_store::features::structural_summary(&k.reference.text),
             source_tokens: kopt_store::features::source_tokens(&r.source),
         },
@@ -992,12 +1021,16 @@ pub fn tried_case(
 
 /// Profiles the reference on its first declared shape (engine figures, ncu where it
 /// exists, PTX/SASS, structure) into `dir`; `None` when nothing could be measured.
+/// Profiles the reference on its first shape and writes `snapshot.json` to `dir`. With a
+/// case library, the snapshot's confidence is that of the nearest accepted case of its
+/// class where the library holds one (a library that cannot be searched leaves the rules'
+/// confidence in place).
 pub fn profile_reference(
     g: &Gathered,
     k: &Kernel,
     engine: &mut Engine,
-    settings: &Settings,
-    ncu: &kopt_profile::collect::NcuChoice,
+    (settings, ncu): (&Settings, &kopt_profile::collect::NcuChoice),
+    library: Option<&kopt_store::cases::CaseLibrary>,
     dir: &std::path::Path,
     progress: &mut dyn FnMut(&str),
 ) -> Option<kopt_profile::snapshot::Snapshot> {
@@ -1022,7 +1055,15 @@ pub fn profile_reference(
         progress,
     )
     .ok()?;
-    let snap = kopt_profile::snapshot::build(collected);
+    let mut snap = kopt_profile::snapshot::build(collected);
+    if let Some(lib) = library {
+        let kind = kopt_store::features::infer_kind(&k.spec.name, &k.reference.text);
+        let _ = snap.use_case_library(
+            lib,
+            kind,
+            &kopt_store::features::search_text(&k.reference.text),
+        );
+    }
     let json = serde_json::to_string_pretty(&snap).ok()? + "\n";
     let _ = files::write_atomic(&dir.join("snapshot.json"), json.as_bytes());
     Some(snap)

@@ -524,6 +524,17 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
             .take(400)
             .collect::<String>()
     );
+    let similar = session
+        .split("Similar past cases")
+        .nth(1)
+        .unwrap_or("")
+        .split("## ")
+        .next()
+        .unwrap_or("");
+    assert!(
+        similar.contains(": metrics ") && !similar.contains("by text alone"),
+        "the reference snapshot's metric vector is part of the query: {similar}"
+    );
     let snapshot = session
         .split("## Bottleneck snapshot")
         .nth(1)
@@ -535,12 +546,24 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
         !snapshot.contains("not available") && snapshot.len() > 40,
         "the reference's snapshot reaches the context: {snapshot}"
     );
+    assert!(
+        snapshot.contains("; confidence ") && snapshot.contains("(case library: "),
+        "its confidence comes from the accepted cases nearest to it: {snapshot}"
+    );
     assert!(runs.join("profile/softmax/snapshot.json").is_file());
     let o = run(&["cases", "list", "--message-format", "json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tried = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"].as_str().is_some_and(|id| id.contains("e2e-r1c1")))
+        .unwrap_or_else(|| panic!("the loop's candidate is a case now: {listed}"));
     assert!(
-        String::from_utf8_lossy(&o.stdout).contains("e2e-r1c1"),
-        "the loop's candidate is a case now: {}",
-        kopt_tests::text(&o)
+        tried["features"]["metrics"]
+            .as_object()
+            .is_some_and(|m| m.contains_key("dram_throughput_pct")),
+        "with the reference snapshot's metrics: {tried}"
     );
     let o = run(&["pending", "--message-format", "json"]);
     assert!(

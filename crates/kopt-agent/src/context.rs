@@ -47,7 +47,12 @@ pub struct CaseLine {
     pub outcome: String,
     pub diagnosis: String,
     pub change: String,
+    /// The library's score: metric and text similarity, weighted.
     pub similarity: f64,
+    /// How near the case's metric vector is to the snapshot's; `None` when no snapshot
+    /// was taken, so that the score is the text's alone.
+    pub metric_similarity: Option<f64>,
+    pub text_similarity: f64,
 }
 
 /// What one earlier candidate taught, layered: verdict, then each metric's before and
@@ -170,98 +175,117 @@ pub fn propose(input: &ContextInput, schema: &str) -> Result<ChatRequest, String
     let mut source = input.best_source.to_string();
     let mut source_note = String::new();
     loop {
-        let values = BTreeMap::from([
-            ("kernel", spec.name.clone()),
-            ("round", input.round.to_string()),
-            ("entry", spec.entry.clone()),
-            ("reference", spec.reference.clone()),
-            ("best", input.best_label.clone()),
-            ("params", params(spec)),
-            ("grid", input.best_launch[0].clone()),
-            ("block", input.best_launch[1].clone()),
-            ("smem", input.best_launch[2].clone()),
-            (
-                "cluster",
-                if input.best_launch[3].is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        ", clusters of ({}) blocks set at launch",
-                        input.best_launch[3]
-                    )
-                },
-            ),
-            (
-                "tunables",
-                if spec.tunables.is_empty() {
-                    "none".into()
-                } else {
-                    spec.tunables
-                        .iter()
-                        .map(|t| {
-                            format!("{} (default {}, values {:?})", t.name, t.default, t.values)
-                        })
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                },
-            ),
-            ("tolerances", tolerances(spec)),
-            ("device", input.device.clone()),
-            ("ceilings", input.ceilings.clone()),
-            ("figures", bullet(&input.figures, "not measured yet")),
-            (
-                "snapshot",
-                input
-                    .snapshot
-                    .clone()
-                    .unwrap_or_else(|| "not available (no profile was taken)".into()),
-            ),
-            ("structure", input.structure.clone()),
-            (
-                "cases",
-                bullet(
-                    &cases
-                        .iter()
-                        .map(|c| {
+        let values =
+            BTreeMap::from(
+                [
+                    ("kernel", spec.name.clone()),
+                    ("round", input.round.to_string()),
+                    ("entry", spec.entry.clone()),
+                    ("reference", spec.reference.clone()),
+                    ("best", input.best_label.clone()),
+                    ("params", params(spec)),
+                    ("grid", input.best_launch[0].clone()),
+                    ("block", input.best_launch[1].clone()),
+                    ("smem", input.best_launch[2].clone()),
+                    (
+                        "cluster",
+                        if input.best_launch[3].is_empty() {
+                            String::new()
+                        } else {
                             format!(
-                                "{} ({}, similarity {:.2}): {}; change: {}",
-                                c.title, c.outcome, c.similarity, c.diagnosis, c.change
+                                ", clusters of ({}) blocks set at launch",
+                                input.best_launch[3]
                             )
-                        })
-                        .collect::<Vec<_>>(),
-                    "none in the case library",
-                ),
-            ),
-            (
-                "history",
-                if history.is_empty() {
-                    "none: this is the first round.".into()
-                } else {
-                    history
-                        .iter()
-                        .map(|f| {
-                            let mut s =
-                                format!("- round {}, `{}`: {}", f.round, f.candidate, f.verdict);
-                            for d in &f.details {
-                                s.push_str(&format!("\n  {}", d.replace('\n', "\n  ")));
-                            }
-                            s
-                        })
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                },
-            ),
-            (
-                "hint",
-                input
-                    .hint
-                    .as_ref()
-                    .map(|h| format!("\n## Guidance from a person\n{h}\n"))
-                    .unwrap_or_default(),
-            ),
-            ("source_note", source_note.clone()),
-            ("source", source.clone()),
-        ]);
+                        },
+                    ),
+                    (
+                        "tunables",
+                        if spec.tunables.is_empty() {
+                            "none".into()
+                        } else {
+                            spec.tunables
+                                .iter()
+                                .map(|t| {
+                                    format!(
+                                        "{} (default {}, values {:?})",
+                                        t.name, t.default, t.values
+                                    )
+                                })
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        },
+                    ),
+                    ("tolerances", tolerances(spec)),
+                    ("device", input.device.clone()),
+                    ("ceilings", input.ceilings.clone()),
+                    ("figures", bullet(&input.figures, "not measured yet")),
+                    (
+                        "snapshot",
+                        input
+                            .snapshot
+                            .clone()
+                            .unwrap_or_else(|| "not available (no profile was taken)".into()),
+                    ),
+                    ("structure", input.structure.clone()),
+                    (
+                        "cases",
+                        bullet(
+                            &cases
+                                .iter()
+                                .map(|c| {
+                                    format!(
+                                        "{} ({}, similarity {:.2}: {}): {}; change: {}",
+                                        c.title,
+                                        c.outcome,
+                                        c.similarity,
+                                        match c.metric_similarity {
+                                            Some(m) => format!(
+                                                "metrics {m:.2}, text {:.2}",
+                                                c.text_similarity
+                                            ),
+                                            None => "by text alone, no snapshot".into(),
+                                        },
+                                        c.diagnosis,
+                                        c.change
+                                    )
+                                })
+                                .collect::<Vec<_>>(),
+                            "none in the case library",
+                        ),
+                    ),
+                    (
+                        "history",
+                        if history.is_empty() {
+                            "none: this is the first round.".into()
+                        } else {
+                            history
+                                .iter()
+                                .map(|f| {
+                                    let mut s = format!(
+                                        "- round {}, `{}`: {}",
+                                        f.round, f.candidate, f.verdict
+                                    );
+                                    for d in &f.details {
+                                        s.push_str(&format!("\n  {}", d.replace('\n', "\n  ")));
+                                    }
+                                    s
+                                })
+                                .collect::<Vec<_>>()
+                                .join("\n")
+                        },
+                    ),
+                    (
+                        "hint",
+                        input
+                            .hint
+                            .as_ref()
+                            .map(|h| format!("\n## Guidance from a person\n{h}\n"))
+                            .unwrap_or_default(),
+                    ),
+                    ("source_note", source_note.clone()),
+                    ("source", source.clone()),
+                ],
+            );
         let user = fill(PROPOSE, &values)?;
         let total = tokens(&system) + tokens(&user);
         if total <= input.budget_tokens {

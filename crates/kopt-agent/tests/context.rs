@@ -30,7 +30,7 @@ fn input<'a>(spec: &'a kopt_spec::KernelSpec, source: &'a str, budget: usize) ->
         snapshot: Some("memory-bound (extra passes): dram 49% of peak; 3 global loads per element".into()),
         structure: "3 loops over cols (stride blockDim.x); 2 block reductions through shared memory (32 floats); no atomics".into(),
         cases: (1..=6)
-            .map(|i| CaseLine { title: format!("case {i}"), outcome: "accepted, 1.5x".into(), diagnosis: "extra passes".into(), change: "online softmax".into(), similarity: 1.0 - i as f64 / 10.0 })
+            .map(|i| CaseLine { title: format!("case {i}"), outcome: "accepted, 1.5x".into(), diagnosis: "extra passes".into(), change: "online softmax".into(), similarity: 0.6 * (1.0 - i as f64 / 8.0) + 0.4 * (1.0 - i as f64 / 12.0), metric_similarity: Some(1.0 - i as f64 / 8.0), text_similarity: 1.0 - i as f64 / 12.0 })
             .collect(),
         history: vec![
             Feedback { round: 1, candidate: "vec4".into(), verdict: "rejected: compile".into(), details: vec!["kernel.cu(12): error: identifier \"float4x\" is undefined".into()] },

@@ -295,6 +295,17 @@ impl CaseLibrary {
         &self.path
     }
 
+    /// A copy in memory of every case the library holds now, under the same path (for
+    /// messages). A run with several kernels queries the copy, so that no kernel's similar
+    /// cases depend on what another kernel recorded first, while its outcomes go to the
+    /// file.
+    pub fn frozen(&self) -> Result<Self> {
+        let mut copy = Self::open_in_memory()?;
+        copy.upsert_all(&self.list(None, None)?)?;
+        copy.path = self.path.clone();
+        Ok(copy)
+    }
+
     fn err(&self, e: impl std::fmt::Display) -> Error {
         Error::Cases {
             path: self.path.clone(),

@@ -282,3 +282,39 @@ fn committed_variants_import_as_accepted_cases() {
         "{skipped:?}"
     );
 }
+
+#[test]
+fn a_frozen_copy_answers_as_the_file_was_when_it_was_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cases.sqlite");
+    let mut file = CaseLibrary::open(&path).unwrap();
+    file.import_jsonl(FIXTURE).unwrap();
+    let frozen = file.frozen().unwrap();
+    assert_eq!(frozen.path(), file.path(), "messages name the file");
+    // What a run records after the copy was taken reaches the file, not the copy.
+    let mut later = file.list(Some("transpose"), None).unwrap()[0].clone();
+    later.id = "later/run-r1c1@sm_90".into();
+    file.upsert(&later).unwrap();
+    let q = Query {
+        kind: Some("transpose".into()),
+        text: features::search_text("transpose tile smem"),
+        ..Default::default()
+    };
+    let in_file = ids(&file.search(&q, 10).unwrap())
+        .into_iter()
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    let in_copy = frozen.search(&q, 10).unwrap();
+    assert!(in_file.contains(&later.id), "{in_file:?}");
+    let mut in_copy = ids(&in_copy);
+    in_copy.sort();
+    let mut before: Vec<&str> = in_file
+        .iter()
+        .filter(|id| **id != later.id)
+        .map(String::as_str)
+        .collect();
+    before.sort();
+    assert_eq!(in_copy, before);
+    assert_eq!(in_copy.len(), 4, "the fixture's transpose cases");
+    assert_eq!(frozen.len().unwrap(), FIXTURE.lines().count());
+}
