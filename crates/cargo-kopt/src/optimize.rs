@@ -60,9 +60,10 @@ impl Evaluate for LoopEvaluator<'_> {
     }
 }
 
-/// Where the agents are, from `kopt.toml` (`[agent]`) and the environment.
+/// Where the agents are, from `[agent]` tables (the user's configuration, the workspace's
+/// `Cargo.toml` and `kopt.toml`) and the environment.
 #[derive(Debug, Clone, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
     pub openai_base_url: String,
     pub openai_key_env: String,
@@ -87,29 +88,49 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
-    /// The user's `$XDG_CONFIG_HOME/kopt/config.toml` (or `~/.config/kopt/config.toml`),
-    /// then the workspace's `kopt.toml`, each an `[agent]` table whose keys override the
-    /// previous ones; then `KOPT_OPENAI_BASE_URL`, `KOPT_ANTHROPIC_BASE_URL`,
-    /// `KOPT_OPENAI_KEY_ENV` and `KOPT_ANTHROPIC_KEY_ENV`.
+    /// Layers, each overriding the keys it sets: the user's
+    /// `$XDG_CONFIG_HOME/kopt/config.toml` (or `~/.config/kopt/config.toml`), `[agent]`;
+    /// the workspace's `Cargo.toml`, `[workspace.metadata.kopt.agent]`; the workspace's
+    /// `kopt.toml`, `[agent]`; then `KOPT_OPENAI_BASE_URL`, `KOPT_ANTHROPIC_BASE_URL`,
+    /// `KOPT_OPENAI_KEY_ENV` and `KOPT_ANTHROPIC_KEY_ENV`. A layer with a key kopt does not
+    /// know, or a value of the wrong type, is an error naming its file and table.
     pub fn load(g: &Gathered) -> Result<Self, String> {
         let user = std::env::var_os("XDG_CONFIG_HOME")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
             .map(|d| d.join("kopt").join("config.toml"));
+        let layers = user.map(|p| (p, &["agent"][..])).into_iter().chain([
+            (
+                g.workspace_root.join("Cargo.toml"),
+                &["workspace", "metadata", "kopt", "agent"][..],
+            ),
+            (g.workspace_root.join("kopt.toml"), &["agent"][..]),
+        ]);
         let mut merged = toml::Table::new();
-        for path in user
-            .into_iter()
-            .chain(std::iter::once(g.workspace_root.join("kopt.toml")))
-        {
+        for (path, table_path) in layers {
             let Ok(text) = std::fs::read_to_string(&path) else {
                 continue;
             };
             let table: toml::Table =
                 toml_parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-            if let Some(toml::Value::Table(agent)) = table.get("agent") {
-                for (k, v) in agent {
-                    merged.insert(k.clone(), v.clone());
-                }
+            let mut at = Some(&table);
+            for key in table_path {
+                at = at.and_then(|t| t.get(*key)).and_then(toml::Value::as_table);
+            }
+            let Some(agent) = at else { continue };
+            // Checked alone, so that an error names the layer that has it.
+            toml::Value::Table(agent.clone())
+                .try_into::<AgentConfig>()
+                .map_err(|e| {
+                    format!(
+                        "{}, [{}]: {}",
+                        path.display(),
+                        table_path.join("."),
+                        e.to_string().trim_end()
+                    )
+                })?;
+            for (k, v) in agent {
+                merged.insert(k.clone(), v.clone());
             }
         }
         let mut c: AgentConfig = toml::Value::Table(merged)
@@ -1102,10 +1123,36 @@ mod tests {
             c.anthropic_base_url, "https://api.anthropic.com",
             "defaults fill the rest"
         );
+        // The workspace's Cargo.toml sits between the user's file and kopt.toml.
+        std::fs::write(
+            ws.join("Cargo.toml"),
+            "[workspace]\nmembers = []\n[workspace.metadata.kopt.agent]\nopenai_base_url = \"http://cargo:3/v1\"\nopenai_key_env = \"TEAM_KEY\"\ntimeout_s = 9\n",
+        )
+        .unwrap();
+        let c = AgentConfig::load(&g).unwrap();
+        assert_eq!(c.openai_base_url, "http://workspace:2/v1", "kopt.toml wins");
+        assert_eq!(c.openai_key_env, "TEAM_KEY", "Cargo.toml over the defaults");
+        assert_eq!(c.timeout_s, 9, "Cargo.toml over the user");
+        assert_eq!(c.anthropic_key_env, "MY_ANTHROPIC");
         std::fs::write(ws.join("kopt.toml"), "[agent]\ntimeout_s = \"soon\"\n").unwrap();
-        assert!(AgentConfig::load(&g)
-            .unwrap_err()
-            .contains("the [agent] configuration"));
+        let e = AgentConfig::load(&g).unwrap_err();
+        assert!(
+            e.contains("kopt.toml, [agent]: ") && e.contains("timeout_s"),
+            "{e}"
+        );
+        std::fs::write(ws.join("kopt.toml"), "").unwrap();
+        std::fs::write(
+            ws.join("Cargo.toml"),
+            "[workspace.metadata.kopt.agent]\nopenai_base_ur = \"http://typo/v1\"\n",
+        )
+        .unwrap();
+        let e = AgentConfig::load(&g).unwrap_err();
+        assert!(
+            e.contains("Cargo.toml, [workspace.metadata.kopt.agent]: ")
+                && e.contains("unknown field `openai_base_ur`")
+                && e.contains("openai_base_url"),
+            "a typo is named with the keys kopt knows: {e}"
+        );
         std::env::remove_var("XDG_CONFIG_HOME");
     }
 }

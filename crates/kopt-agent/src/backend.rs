@@ -64,6 +64,7 @@ impl Default for RetryPolicy {
 
 /// Prices in dollars per million tokens, for cost accounting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Prices {
     pub input_per_mtok: f64,
     pub output_per_mtok: f64,
