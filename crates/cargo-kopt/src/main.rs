@@ -335,8 +335,9 @@ enum Command {
         /// An agent's parameter matrix (JSON), instead of the heuristic's; implies --seeded.
         #[arg(long, value_name = "FILE")]
         matrix: Option<PathBuf>,
-        /// A bottleneck snapshot (JSON SnapshotHints) instead of measuring the reference;
-        /// implies --seeded.
+        /// A bottleneck snapshot instead of measuring the reference: `cargo kopt
+        /// profile`'s snapshot.json (with Nsight Compute's achieved occupancy and its
+        /// classification), or SnapshotHints JSON; implies --seeded.
         #[arg(long, value_name = "FILE")]
         hints: Option<PathBuf>,
         /// Points to evaluate at most (default: all for exhaustive, else min(100, valid)).

@@ -14,7 +14,8 @@
 //!   occupancy, effective bandwidth and grid size of the shape that takes the reference
 //!   longest) and the widest global load of its PTX, and seeds the search with the
 //!   built-in heuristic's matrix; `--matrix FILE` takes an agent's matrix instead,
-//!   `--hints FILE` a snapshot.
+//!   `--hints FILE` a profiler's snapshot (`cargo kopt profile`'s `snapshot.json`, read by
+//!   [`hints_from_snapshot`]) or the hints themselves.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -519,6 +520,60 @@ pub fn hints_from_reference(reference: &Outcome) -> SnapshotHints {
     }
 }
 
+/// The hints of a profiler's bottleneck snapshot (`cargo kopt profile`'s `snapshot.json`):
+/// its classification, achieved occupancy where Nsight Compute measured it (else the
+/// driver's theoretical figure), registers, local bytes, the widest global load, and the
+/// grid over `multiprocessors`.
+pub fn hints_from_snapshot(
+    snap: &kopt_profile::snapshot::Snapshot,
+    multiprocessors: u32,
+) -> SnapshotHints {
+    let get = |k: &str| snap.measurements.get(k).map(|m| m.value);
+    let class = match snap.classification.as_ref().map(|c| c.class.as_str()) {
+        Some("memory-bound") => Bottleneck::MemoryBound,
+        Some("latency-bound") => Bottleneck::LatencyBound,
+        Some("compute-bound") => Bottleneck::ComputeBound,
+        Some("occupancy-limited") => Bottleneck::OccupancyLimited,
+        Some("shared-memory-bank-bound") => Bottleneck::SharedMemoryBankBound,
+        Some("launch-bound") => Bottleneck::LaunchBound,
+        _ => Bottleneck::Unknown,
+    };
+    SnapshotHints {
+        class,
+        occupancy_pct: get("occupancy_achieved_pct").or_else(|| get("occupancy_theoretical_pct")),
+        registers: get("registers").map(|v| v as u32),
+        local_bytes: get("local_bytes").map(|v| v as u32),
+        global_load_bytes: get("global_load_bits").map(|v| (v / 8.0) as u32),
+        grid_blocks_per_sm: get("blocks")
+            .filter(|_| multiprocessors > 0)
+            .map(|b| b / f64::from(multiprocessors)),
+        copy_bandwidth_pct: get("copy_bw_pct"),
+    }
+}
+
+/// `--hints FILE`: a profiler's `snapshot.json` of this kernel, or `SnapshotHints` JSON.
+fn read_hints(path: &Path, kernel: &str, multiprocessors: u32) -> Result<SnapshotHints, String> {
+    let value: serde_json::Value = read_json(path, "snapshot hints")?;
+    if value.get("collectors").is_none() {
+        return serde_json::from_value(value).map_err(|e| {
+            format!(
+                "{}: neither a profiler's snapshot.json (`cargo kopt profile`) nor snapshot hints ({e})",
+                path.display()
+            )
+        });
+    }
+    let snap: kopt_profile::snapshot::Snapshot = serde_json::from_value(value)
+        .map_err(|e| format!("{}: not a readable snapshot.json ({e})", path.display()))?;
+    if snap.kernel != kernel {
+        return Err(format!(
+            "{} is a snapshot of `{}`, not of `{kernel}`: profile this kernel with `cargo kopt profile {kernel}`",
+            path.display(),
+            snap.kernel
+        ));
+    }
+    Ok(hints_from_snapshot(&snap, multiprocessors))
+}
+
 // ---------------------------------------------------------------------------------------
 // The command.
 
@@ -863,7 +918,7 @@ pub fn search(
                 None => None,
             };
             let hints = match (&o.hints, &matrix) {
-                (Some(p), _) => Some(read_json::<SnapshotHints>(p, "snapshot hints")?),
+                (Some(p), _) => Some(read_hints(p, &k.spec.name, ev.device.multiprocessors)?),
                 (None, Some(_)) => None,
                 (None, None) => {
                     progress

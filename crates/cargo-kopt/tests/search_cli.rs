@@ -349,6 +349,65 @@ fn agent_matrices_seed_the_search_and_bad_ones_are_refused() {
 }
 
 #[test]
+fn a_profilers_snapshot_seeds_the_search() {
+    let w = ws("");
+    let p = w.json(&["profile", "row_sum", "--no-ncu", "--no-cases"]);
+    let snapshot = PathBuf::from(p["dir"].as_str().unwrap()).join("snapshot.json");
+    let mut snap: Value =
+        serde_json::from_str(&std::fs::read_to_string(&snapshot).unwrap()).unwrap();
+    let m = &snap["measurements"];
+    let (registers, blocks) = (
+        m["registers"]["value"].as_f64(),
+        m["blocks"]["value"].as_f64(),
+    );
+    assert!(registers.is_some() && blocks.is_some(), "{m}");
+    // As Nsight Compute would add it: achieved occupancy wins over the driver's figure.
+    snap["measurements"]["occupancy_achieved_pct"] = serde_json::json!({"value": 41.5, "unit": "%", "source": "ncu", "from": "sm__warps_active.avg.pct_of_peak_sustained_active"});
+    std::fs::write(&snapshot, serde_json::to_string(&snap).unwrap()).unwrap();
+    let v = w.json(&[
+        "search",
+        "row_sum",
+        "--strategy",
+        "hill",
+        "--options",
+        "none",
+        "--budget-evals",
+        "3",
+        "--no-verify",
+        "--hints",
+        snapshot.to_str().unwrap(),
+    ]);
+    assert_eq!(v["seeded"], true);
+    let h = &v["hints"];
+    assert_eq!(h["class"], snap["classification"]["class"], "{h}");
+    assert_eq!(h["occupancy_pct"], 41.5);
+    assert_eq!(h["registers"].as_f64(), registers);
+    assert!(
+        h["grid_blocks_per_sm"]
+            .as_f64()
+            .is_some_and(|g| g > 0.0 && g <= blocks.unwrap()),
+        "{h}"
+    );
+    // A snapshot of another kernel is refused, with the command that makes the right one.
+    let p = w.json(&["profile", "softmax", "--no-ncu", "--no-cases"]);
+    let other = PathBuf::from(p["dir"].as_str().unwrap()).join("snapshot.json");
+    let o = w.run(&[
+        "search",
+        "row_sum",
+        "--options",
+        "none",
+        "--hints",
+        other.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is a snapshot of `softmax`, not of `row_sum`: profile this kernel with `cargo kopt profile row_sum`"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
 fn the_convergence_benchmark_replays_the_exhaustive_run() {
     let w = ws("");
     let v = w.json(&["search-bench", "row_sum", "--seeds", "3"]);

@@ -2,10 +2,10 @@
 //! matrix to the [`Guide`] strategies follow.
 //!
 //! [`SnapshotHints`] is the little the heuristic needs of a snapshot: a classification
-//! and a few named metrics. The optimisation loop converts the profiler's snapshot into
-//! it; `cargo kopt search --seeded` derives it from the engine's evaluation of the
-//! reference (registers, occupancy, effective bandwidth, grid size) and the reference's
-//! PTX (the widest global load).
+//! and a few named metrics. `cargo kopt search --hints snapshot.json` converts a
+//! profiler's snapshot into it; `cargo kopt search --seeded` alone derives it from the
+//! engine's evaluation of the reference (registers, occupancy, effective bandwidth, grid
+//! size) and the reference's PTX (the widest global load). This crate knows neither.
 //!
 //! [`heuristic`] gives each axis a *role* and then applies rules:
 //!
