@@ -190,9 +190,26 @@ pub struct VerifyOutcome {
     /// Why it was not verified here (another architecture).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
+    /// The GPU it was verified on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<usize>,
 }
 
 impl VerifyOutcome {
+    fn new(k: &Kernel, variant: &str, arch: &str) -> Self {
+        VerifyOutcome {
+            package: k.package.clone(),
+            kernel: k.spec.name.clone(),
+            variant: variant.to_string(),
+            arch: arch.to_string(),
+            cached: false,
+            verdict: None,
+            sanitizer: vec![],
+            skipped: None,
+            gpu: None,
+        }
+    }
+
     pub fn passed(&self) -> bool {
         self.skipped.is_some()
             || (self.verdict.as_ref().is_some_and(|v| v.accepted)
@@ -200,20 +217,47 @@ impl VerifyOutcome {
     }
 }
 
+/// What `verify` found: the devices it ran on (in pool order), the first device's
+/// ceilings, and one outcome per accepted variant, in the order of the lock files.
+#[derive(Debug, Serialize)]
+pub struct Verified {
+    pub devices: Vec<DeviceInfo>,
+    pub ceilings: Option<Ceilings>,
+    pub outcomes: Vec<VerifyOutcome>,
+}
+
+/// The pool's devices, refused when they are not of one architecture (what is accepted,
+/// pending or verified is per architecture).
+pub fn one_architecture(pool: &mut DevicePool, why: &str) -> Result<Vec<DeviceInfo>, String> {
+    let devices = pool.devices().map_err(|e| e.to_string())?;
+    if let Some(other) = devices.iter().find(|d| d.arch != devices[0].arch) {
+        return Err(format!(
+            "GPU {} is {} but GPU {} is {}: {why}; choose GPUs of one kind with `--devices` (e.g. `--devices {}`)",
+            devices[0].ordinal, devices[0].arch, other.ordinal, other.arch, devices[0].ordinal
+        ));
+    }
+    Ok(devices)
+}
+
 /// Re-verifies every usable accepted variant of the selected kernels (numerics,
-/// anti-cheat, watchdog against the reference), on the device's architecture.
+/// anti-cheat, watchdog against the reference, compute-sanitizer), on the pool's
+/// architecture: each variant whole on one device, the devices in parallel. A variant
+/// accepted for another architecture is listed as skipped.
 pub fn verify(
     g: &Gathered,
     kernels: &[String],
-    engine: &mut Engine,
+    pool: &mut DevicePool,
     settings: &Settings,
     progress: &mut dyn FnMut(&str),
-) -> Result<(DeviceInfo, Option<Ceilings>, Vec<VerifyOutcome>), WorkerFailure> {
-    let device = engine.device()?;
-    let ceilings = engine.ceilings(false).ok();
-    let mut judge = Judge::new(ceilings.clone());
-    judge.threshold = settings.threshold;
-    let mut out = Vec::new();
+) -> Result<Verified, String> {
+    let devices = one_architecture(pool, "a variant is verified on its own architecture")?;
+    let arch = devices[0].arch.clone();
+    let ceilings = pool
+        .engines_mut()
+        .next()
+        .and_then(|(_, e)| e.ceilings(false).ok());
+    let mut outcomes: Vec<Option<VerifyOutcome>> = Vec::new();
+    let mut work: Vec<(usize, &Kernel, &str, &UsableVariant)> = Vec::new();
     for k in g
         .kernels
         .iter()
@@ -221,45 +265,53 @@ pub fn verify(
     {
         for e in &k.state.entries {
             let Ok(usable) = &e.status else { continue };
-            let mut o = VerifyOutcome {
-                package: k.package.clone(),
-                kernel: k.spec.name.clone(),
-                variant: e.entry.variant.clone(),
-                arch: e.entry.arch.clone(),
-                cached: false,
-                verdict: None,
-                sanitizer: vec![],
-                skipped: None,
-            };
-            if e.entry.arch != device.arch {
-                o.skipped = Some(format!(
-                    "accepted for {}, this device is {}",
-                    e.entry.arch, device.arch
-                ));
-                out.push(o);
-                continue;
+            if e.entry.arch != arch {
+                outcomes.push(Some(VerifyOutcome {
+                    skipped: Some(format!(
+                        "accepted for {}, this device is {arch}",
+                        e.entry.arch
+                    )),
+                    ..VerifyOutcome::new(k, &e.entry.variant, &e.entry.arch)
+                }));
+            } else {
+                work.push((outcomes.len(), k, &e.entry.variant, usable));
+                outcomes.push(None);
             }
-            progress(&format!("{}/{}", k.spec.name, e.entry.variant));
+        }
+    }
+    let done = pool.try_map(
+        &work,
+        |slot, (_, k, variant, usable)| {
+            let ceilings = slot.engine.ceilings(false).ok();
+            let mut judge = Judge::new(ceilings);
+            judge.threshold = settings.threshold;
+            let settings = Settings {
+                device: slot.ordinal,
+                ..settings.clone()
+            };
+            let mut o = VerifyOutcome::new(k, variant, &arch);
+            o.gpu = Some(slot.ordinal);
+            (slot.progress)(&format!("{}/{variant}", k.spec.name));
             let job = job(
                 g,
                 k,
                 version(usable),
                 usable.region.as_ref(),
-                settings,
+                &settings,
                 true,
             );
-            let ev = engine.evaluate(&job, progress);
+            let ev = slot.engine.evaluate(&job, &mut |m| (slot.progress)(m));
             let verdict = judge.judge(&ev.report);
             o.cached = ev.cached;
-            if verdict.accepted && settings.sanitize && !engine.worker.command().is_fake() {
+            if verdict.accepted && settings.sanitize && !slot.engine.worker.command().is_fake() {
                 let scratch = kopt_dir(g).join("sanitizer").join(&k.spec.name);
                 for tool in ["memcheck", "racecheck"] {
-                    progress(&format!(
-                        "{}/{}: compute-sanitizer {tool}",
-                        k.spec.name, e.entry.variant
+                    (slot.progress)(&format!(
+                        "{}/{variant}: compute-sanitizer {tool}",
+                        k.spec.name
                     ));
                     o.sanitizer.push(sanitizer::run(
-                        engine.worker.command(),
+                        slot.engine.worker.command(),
                         &job,
                         tool,
                         &scratch,
@@ -267,10 +319,18 @@ pub fn verify(
                 }
             }
             o.verdict = Some(verdict);
-            out.push(o);
-        }
+            Ok::<_, String>(o)
+        },
+        progress,
+    )?;
+    for ((at, ..), d) in work.iter().zip(done) {
+        outcomes[*at] = Some(d.value);
     }
-    Ok((device, ceilings, out))
+    Ok(Verified {
+        devices,
+        ceilings,
+        outcomes: outcomes.into_iter().flatten().collect(),
+    })
 }
 
 pub fn version(u: &UsableVariant) -> KernelVersion {

@@ -175,6 +175,10 @@ enum Command {
         /// Skip compute-sanitizer.
         #[arg(long)]
         no_sanitize: bool,
+        /// One evaluation worker per GPU, variants verified across them: `all` or
+        /// ordinals (`0,1`). Without it, the one GPU of `--device`.
+        #[arg(long, value_name = "all|0,1,...", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<kopt_engine::pool::DeviceSelection>()), conflicts_with = "device")]
+        devices: Option<kopt_engine::pool::DeviceSelection>,
         #[command(flatten)]
         partition: PartitionArg,
     },
@@ -651,28 +655,33 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             kernels,
             eval: args,
             no_sanitize,
+            devices,
             partition,
         } => {
             check_names(&gathered, &kernels)?;
             partition::select(&mut gathered, partition.partition.as_ref());
             let mut settings = args.settings();
             settings.sanitize = !no_sanitize;
-            let mut engine = eval::engine(&gathered, &settings)?;
-            engine.worker.step_timeout = std::time::Duration::from_secs(args.step_timeout);
+            let mut pool = eval::pool(&gathered, &settings, devices.as_ref())?;
+            for (_, engine) in pool.engines_mut() {
+                engine.worker.step_timeout = std::time::Duration::from_secs(args.step_timeout);
+            }
             let bar = progress_bar(json);
-            let (device, ceilings, outcomes) =
-                eval::verify(&gathered, &kernels, &mut engine, &settings, &mut |m| {
-                    bar.set_message(m.to_string())
-                })
-                .map_err(|e| e.to_string())?;
+            let verified = eval::verify(&gathered, &kernels, &mut pool, &settings, &mut |m| {
+                bar.set_message(m.to_string())
+            })?;
             bar.finish_and_clear();
-            let ok = outcomes.iter().all(|o| o.passed());
+            let ok = verified.outcomes.iter().all(|o| o.passed());
             if json {
-                print_json(
-                    &serde_json::json!({ "device": device, "ceilings": ceilings, "ok": ok, "variants": outcomes }),
-                );
+                print_json(&serde_json::json!({
+                    "device": verified.devices.first(),
+                    "devices": verified.devices,
+                    "ceilings": verified.ceilings,
+                    "ok": ok,
+                    "variants": verified.outcomes,
+                }));
             } else {
-                render::verify(&device, ceilings.as_ref(), &outcomes);
+                render::verify(&verified);
             }
             Ok(if ok {
                 ExitCode::SUCCESS

@@ -264,13 +264,10 @@ pub fn optimize(
     for (_, engine) in pool.engines_mut() {
         engine.worker.step_timeout = opts.step_timeout;
     }
-    let devices = pool.devices().map_err(|e| e.to_string())?;
-    if let Some(other) = devices.iter().find(|d| d.arch != devices[0].arch) {
-        return Err(format!(
-            "GPU {} is {} but GPU {} is {}: a run's pending variants are for one architecture; choose GPUs of one kind with `--devices` (e.g. `--devices {}`)",
-            devices[0].ordinal, devices[0].arch, other.ordinal, other.arch, devices[0].ordinal
-        ));
-    }
+    eval::one_architecture(
+        &mut pool,
+        "a run's pending variants are for one architecture",
+    )?;
     // The case library, when there is one: similar cases for the context, and every
     // candidate's outcome recorded (rejected and failed ones as negative cases). The
     // similar cases come from a copy taken before any kernel starts, so that a kernel's

@@ -5,7 +5,7 @@ use std::io::Write;
 use anstyle::{AnsiColor, Style};
 use kopt_engine::protocol::{Ceilings, DeviceInfo};
 
-use crate::eval::{BenchFile, VerifyOutcome};
+use crate::eval::{BenchFile, Verified};
 use crate::table::Table;
 
 fn style(c: AnsiColor) -> Style {
@@ -80,15 +80,37 @@ pub fn devices(list: &[(DeviceInfo, Ceilings)]) {
     }
 }
 
-pub fn verify(d: &DeviceInfo, c: Option<&Ceilings>, outcomes: &[VerifyOutcome]) {
+pub fn verify(v: &Verified) {
     let mut out = anstream::stdout();
-    let _ = writeln!(out, "{}\n", device_line(d, c));
-    if outcomes.is_empty() {
+    let several = v.devices.len() > 1;
+    if several {
+        // Each variant's % of copy bandwidth is against its own GPU's ceilings.
+        for d in &v.devices {
+            let _ = writeln!(
+                out,
+                "GPU {}: {} ({}, {} SMs)",
+                d.ordinal, d.name, d.arch, d.multiprocessors
+            );
+        }
+    } else if let Some(d) = v.devices.first() {
+        let _ = writeln!(out, "{}", device_line(d, v.ceilings.as_ref()));
+    }
+    let _ = writeln!(out);
+    if v.outcomes.is_empty() {
         let _ = writeln!(out, "no accepted variant to verify");
         return;
     }
-    for o in outcomes {
-        let head = format!("{}/{} ({})", o.kernel, o.variant, o.arch);
+    for o in &v.outcomes {
+        let head = format!(
+            "{}/{} ({}){}",
+            o.kernel,
+            o.variant,
+            o.arch,
+            match o.gpu {
+                Some(gpu) if several => format!(" on GPU {gpu}"),
+                _ => String::new(),
+            }
+        );
         if let Some(why) = &o.skipped {
             let _ = writeln!(
                 out,

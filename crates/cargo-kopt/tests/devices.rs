@@ -329,6 +329,63 @@ fn optimize_on_two_fake_devices_gives_what_one_device_gives() {
 }
 
 #[test]
+fn verify_on_two_fake_devices_gives_what_one_device_gives() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let verify = |devices: Option<&str>| {
+        let mut args = vec!["verify", "--no-cache", "--message-format", "json"];
+        if let Some(d) = devices {
+            args.extend(["--devices", d]);
+        }
+        json(&cargo_kopt(&ws, None, &args))
+    };
+    let (one, two) = (verify(None), verify(Some("all")));
+    let strip = |v: &Value| -> Vec<Value> {
+        v["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                let mut o = o.clone();
+                o.as_object_mut().unwrap().remove("gpu");
+                o
+            })
+            .collect()
+    };
+    assert!(strip(&one).len() >= 8, "every committed variant: {one}");
+    assert_eq!(strip(&one), strip(&two), "the same verdicts, in lock order");
+    assert_eq!(one["ok"], true, "{one}");
+    assert_eq!(two["ok"], true);
+    assert_eq!(two["devices"].as_array().unwrap().len(), 2);
+    let gpus = |v: &Value| -> Vec<u64> {
+        v["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|o| o["gpu"].as_u64())
+            .collect()
+    };
+    assert!(gpus(&one).iter().all(|g| *g == 0), "{:?}", gpus(&one));
+    assert!(
+        gpus(&two).contains(&0) && gpus(&two).contains(&1),
+        "both devices took variants: {:?}",
+        gpus(&two)
+    );
+    // People read which GPU verified what.
+    let o = cargo_kopt(
+        &ws,
+        None,
+        &["verify", "--no-cache", "--devices", "0,1", "softmax"],
+    );
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("GPU 0: kopt fake GPU") && out.contains("GPU 1: kopt fake GPU"),
+        "{out}"
+    );
+    assert!(out.contains(") on GPU "), "{out}");
+}
+
+#[test]
 fn partitioned_runs_merge_back_into_one_pending_area() {
     let ws = kopt_tests::ExampleWorkspace::new();
     faster_candidates(&ws);
