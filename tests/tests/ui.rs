@@ -24,5 +24,6 @@ fn annotation_errors() {
     let t = trybuild::TestCases::new();
     t.pass("tests/ui/good.rs");
     t.pass("tests/ui/good_cluster.rs");
+    t.pass("tests/ui/good_use.rs");
     t.compile_fail("tests/ui/[a-fh-z]*.rs");
 }

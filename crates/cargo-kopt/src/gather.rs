@@ -1,6 +1,6 @@
 //! Gathering the annotated kernels of a workspace: `cargo metadata --no-deps` for the
 //! packages, `syn` for their sources, and `kopt_spec`'s parser (the macro's own) for each
-//! `#[kopt::kernel]`.
+//! `#[kopt::kernel]` (or the name a `use kopt::kernel` gives it in the same module).
 
 use std::path::{Path, PathBuf};
 
@@ -208,11 +208,11 @@ fn gather_file(package: &str, root: &Path, file: &Path, out: &mut Gathered) {
     };
     let mut items = Vec::new();
     collect_items(&parsed.items, &mut items);
-    for item in items {
+    for (item, spelling) in items {
         let Ok(func) = spec::parse_item(item) else {
             continue;
         };
-        let Some(attr) = func.attrs.iter().find(|a| is_kopt_kernel(a.path())) else {
+        let Some(attr) = func.attrs.iter().find(|a| spelling.is_kernel(a.path())) else {
             continue;
         };
         let args = match &attr.meta {
@@ -259,20 +259,72 @@ fn gather_file(package: &str, root: &Path, file: &Path, out: &mut Gathered) {
     }
 }
 
-/// `#[kopt::kernel]` (the documented spelling).
-fn is_kopt_kernel(path: &syn::Path) -> bool {
-    let segs: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
-    segs == ["kopt", "kernel"]
+/// How the kernel attribute can be spelled in one module: `kopt::kernel`, and the names
+/// that module's `use` items bring it in under (`use kopt::kernel;`, `use kopt::kernel as
+/// k;`, `use kopt::{kernel, ...};`, `use kopt::*;`). Lexical, as rustc's own resolution is
+/// not available here: a `use` in a parent module does not reach a child one, as in Rust.
+/// The crate must be called `kopt` in the code (the expansion refers to `::kopt`).
+#[derive(Debug, Clone)]
+struct Spelling {
+    imported: Vec<String>,
 }
 
-/// Items of a file, descending into inline modules. Bodiless functions come as verbatim
-/// tokens, which `spec::parse_item` understands.
-fn collect_items(items: &[syn::Item], out: &mut Vec<proc_macro2::TokenStream>) {
+impl Spelling {
+    fn of_module(items: &[syn::Item]) -> Self {
+        let mut imported = Vec::new();
+        for item in items {
+            if let syn::Item::Use(u) = item {
+                Self::walk(&u.tree, &mut Vec::new(), &mut imported);
+            }
+        }
+        Spelling { imported }
+    }
+
+    fn walk(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<String>) {
+        let from_kopt = prefix.len() == 1 && prefix[0] == "kopt";
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                Self::walk(&p.tree, prefix, out);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) if from_kopt && n.ident == "kernel" => out.push("kernel".into()),
+            syn::UseTree::Rename(r) if from_kopt && r.ident == "kernel" && r.rename != "_" => {
+                out.push(r.rename.to_string())
+            }
+            syn::UseTree::Glob(_) if from_kopt => out.push("kernel".into()),
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    Self::walk(t, prefix, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn is_kernel(&self, path: &syn::Path) -> bool {
+        let segs: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+        match segs.as_slice() {
+            [krate, name] => krate == "kopt" && name == "kernel",
+            [name] => path.leading_colon.is_none() && self.imported.contains(name),
+            _ => false,
+        }
+    }
+}
+
+/// Items of a file with the attribute's spelling in their module, descending into inline
+/// modules. Bodiless functions come as verbatim tokens, which `spec::parse_item`
+/// understands.
+fn collect_items(
+    items: &[syn::Item],
+    out: &mut Vec<(proc_macro2::TokenStream, std::rc::Rc<Spelling>)>,
+) {
     use quote::ToTokens;
+    let spelling = std::rc::Rc::new(Spelling::of_module(items));
     for item in items {
         match item {
-            syn::Item::Fn(f) => out.push(f.to_token_stream()),
-            syn::Item::Verbatim(ts) => out.push(ts.clone()),
+            syn::Item::Fn(f) => out.push((f.to_token_stream(), spelling.clone())),
+            syn::Item::Verbatim(ts) => out.push((ts.clone(), spelling.clone())),
             syn::Item::Mod(m) => {
                 if let Some((_, inner)) = &m.content {
                     collect_items(inner, out);
@@ -280,5 +332,50 @@ fn collect_items(items: &[syn::Item], out: &mut Vec<proc_macro2::TokenStream>) {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launcher(attr: &str, name: &str) -> String {
+        format!(
+            "#[{attr}(\n    reference = \"kernels/sum.cu\",\n    entry = \"sum_f32\",\n    x: [n],\n    out: [1] inout,\n    grid = ceil_div(n, 256),\n    block = 256,\n    shapes = [{{ n: 1024 }}],\n    bytes = 4 * n,\n)]\npub fn {name}(stream: &CudaStream, x: &CudaSlice<f32>, out: &mut CudaSlice<f32>, n: u64);\n"
+        )
+    }
+
+    #[test]
+    fn the_attribute_is_found_under_the_names_a_use_of_it_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("src")).unwrap();
+        std::fs::create_dir_all(dir.path().join("kernels")).unwrap();
+        std::fs::write(
+            dir.path().join("kernels/sum.cu"),
+            "extern \"C\" __global__ void sum_f32(const float* x, float* out, unsigned long long n) {}\n",
+        )
+        .unwrap();
+        let lib = [
+            "use kopt::kernel;\n".to_string(),
+            launcher("kernel", "plain_use"),
+            launcher("kopt::kernel", "full_path"),
+            "mod renamed {\n    use kopt::{kernel as gpu_kernel, KernelError};\n".into(),
+            launcher("gpu_kernel", "renamed_use"),
+            // The parent's `use` does not reach this module: rustc would reject it too.
+            launcher("kernel", "not_in_scope"),
+            "}\nmod glob {\n    use kopt::*;\n".into(),
+            launcher("kernel", "glob_use"),
+            "}\nmod other {\n    use something_else::kernel;\n".into(),
+            launcher("kernel", "another_crates_kernel"),
+            launcher("::kernel", "leading_colons"),
+            "}\n".into(),
+        ]
+        .concat();
+        std::fs::write(dir.path().join("src/lib.rs"), lib).unwrap();
+        let g = gather_crate("k", dir.path(), &dir.path().join("target"));
+        assert!(g.errors.is_empty(), "{:?}", g.errors);
+        let mut found: Vec<&str> = g.kernels.iter().map(|k| k.spec.name.as_str()).collect();
+        found.sort();
+        assert_eq!(found, ["full_path", "glob_use", "plain_use", "renamed_use"]);
     }
 }
