@@ -524,24 +524,23 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
             .take(400)
             .collect::<String>()
     );
-    let similar = session
-        .split("Similar past cases")
-        .nth(1)
-        .unwrap_or("")
-        .split("## ")
-        .next()
-        .unwrap_or("");
+    // One section of the recorded prompt, up to the next heading.
+    let section = |heading: &str| {
+        session
+            .split(heading)
+            .nth(1)
+            .unwrap_or("")
+            .split("## ")
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    let similar = section("Similar past cases");
     assert!(
         similar.contains(": metrics ") && !similar.contains("by text alone"),
         "the reference snapshot's metric vector is part of the query: {similar}"
     );
-    let snapshot = session
-        .split("## Bottleneck snapshot")
-        .nth(1)
-        .unwrap_or("")
-        .split("## ")
-        .next()
-        .unwrap_or("");
+    let snapshot = section("## Bottleneck snapshot");
     assert!(
         !snapshot.contains("not available") && snapshot.len() > 40,
         "the reference's snapshot reaches the context: {snapshot}"

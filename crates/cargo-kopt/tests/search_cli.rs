@@ -294,6 +294,23 @@ fn a_killed_search_resumes_from_its_journal() {
     assert_eq!(full["best"]["label"], v["best"]["label"]);
 }
 
+/// Three points of a hill climb over row_sum seeded by `flag FILE`, unverified.
+fn seeded_hill_search<'a>(flag: &'a str, file: &'a Path) -> Vec<&'a str> {
+    vec![
+        "search",
+        "row_sum",
+        "--strategy",
+        "hill",
+        "--options",
+        "none",
+        "--budget-evals",
+        "3",
+        "--no-verify",
+        flag,
+        file.to_str().unwrap(),
+    ]
+}
+
 #[test]
 fn agent_matrices_seed_the_search_and_bad_ones_are_refused() {
     let w = ws("");
@@ -304,19 +321,7 @@ fn agent_matrices_seed_the_search_and_bad_ones_are_refused() {
             "starts": [{"BLOCK": 1024, "VEC": 8, "UNROLL": 4}]}"#,
     )
     .unwrap();
-    let v = w.json(&[
-        "search",
-        "row_sum",
-        "--strategy",
-        "hill",
-        "--options",
-        "none",
-        "--budget-evals",
-        "3",
-        "--no-verify",
-        "--matrix",
-        m.to_str().unwrap(),
-    ]);
+    let v = w.json(&seeded_hill_search("--matrix", &m));
     assert_eq!(v["seeded"], true);
     assert_eq!(v["matrix"]["source"], "agent: wide loads, big blocks");
     assert_eq!(
@@ -364,19 +369,7 @@ fn a_profilers_snapshot_seeds_the_search() {
     // As Nsight Compute would add it: achieved occupancy wins over the driver's figure.
     snap["measurements"]["occupancy_achieved_pct"] = serde_json::json!({"value": 41.5, "unit": "%", "source": "ncu", "from": "sm__warps_active.avg.pct_of_peak_sustained_active"});
     std::fs::write(&snapshot, serde_json::to_string(&snap).unwrap()).unwrap();
-    let v = w.json(&[
-        "search",
-        "row_sum",
-        "--strategy",
-        "hill",
-        "--options",
-        "none",
-        "--budget-evals",
-        "3",
-        "--no-verify",
-        "--hints",
-        snapshot.to_str().unwrap(),
-    ]);
+    let v = w.json(&seeded_hill_search("--hints", &snapshot));
     assert_eq!(v["seeded"], true);
     let h = &v["hints"];
     assert_eq!(h["class"], snap["classification"]["class"], "{h}");
