@@ -2,8 +2,8 @@
 # On the H200 (staged with `gpu-stage --with-cargo`, run from the repo root as
 # `bash .gpu/run.sh -- bash scripts/suite-compare-h200.sh`): new hand-written candidates
 # through the loop, and their winners timed against the variants accepted now, in the same
-# session. The loop compares a candidate with the reference only; this is how the lead
-# sees whether a winner also beats the variant it would replace.
+# session. The loop starts from the variant accepted now and a winner must beat it in the
+# loop's own measurements; this puts the two side by side in one bench, with PyTorch.
 #
 #   1. optimize NEW (the kernels with new candidates; default: the suite's eight)
 #   2. bench ALL with the variants committed now           -> bench-before.json

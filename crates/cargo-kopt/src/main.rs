@@ -222,6 +222,11 @@ enum Command {
         /// Profile the reference without Nsight Compute (engine figures and the source).
         #[arg(long)]
         no_ncu: bool,
+        /// Start from the reference even where a variant is accepted for the GPU's
+        /// architecture (by default the loop starts from that variant, verified again, and
+        /// a candidate must beat it).
+        #[arg(long)]
+        from_reference: bool,
         /// One evaluation worker per GPU, kernels scheduled across them: `all` or
         /// ordinals (`0,1`). Without it, the one GPU of `--device`.
         #[arg(long, value_name = "all|0,1,...", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<kopt_engine::pool::DeviceSelection>()), conflicts_with = "device")]
@@ -755,6 +760,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             context_tokens,
             run,
             no_ncu,
+            from_reference,
             devices,
             partition,
             eval: args,
@@ -777,6 +783,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 },
                 devices,
                 step_timeout: std::time::Duration::from_secs(args.step_timeout),
+                from_reference,
             };
             let bar = progress_bar(json);
             let (run_id, results) = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| {

@@ -618,6 +618,7 @@ impl Session {
                     cost_usd: None,
                 },
                 sweep: None,
+                baseline: None,
             })
             .map_err(internal)?;
             let kopt = KoptDir::new(&self.g.target_dir);

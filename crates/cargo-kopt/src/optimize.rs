@@ -20,7 +20,9 @@ use kopt_spec::files::{self, VariantFile, VerifiedBy};
 use kopt_store::evidence::{self, Evidence, NumericEvidence, NumericResult, ShapeMeasurement};
 use kopt_store::journal::{Event, Journal};
 use kopt_store::layout::KoptDir;
-use kopt_store::pending::{EvidenceSummary, Fence as PendingFence, PendingMeta, PendingVariant};
+use kopt_store::pending::{
+    Baseline, EvidenceSummary, Fence as PendingFence, PendingMeta, PendingVariant,
+};
 use kopt_store::redact::Redactor;
 use serde::Serialize;
 
@@ -211,6 +213,9 @@ pub struct Options {
     pub devices: Option<DeviceSelection>,
     /// Seconds without progress after which a candidate counts as hung (`--step-timeout`).
     pub step_timeout: Duration,
+    /// Start from the reference even where a variant is accepted for the device's
+    /// architecture (`--from-reference`).
+    pub from_reference: bool,
 }
 
 fn now_id() -> String {
@@ -381,9 +386,23 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             artefacts: vec![format!("profile/{}/snapshot.json", k.spec.name)],
         });
     }
+    let mut evaluator = LoopEvaluator {
+        g,
+        k,
+        engine,
+        judge: Judge::new(ceilings.clone()),
+        settings,
+        last_job: None,
+    };
+    let (start, baseline) = if opts.from_reference {
+        (None, None)
+    } else {
+        starting_point(run, k, &device.arch, &mut evaluator, &mut |m| progress(m))
+    };
     let task = Task {
         spec: &k.spec,
         reference: KernelVersion::reference(&k.spec, &k.reference.text),
+        start,
         device: format!(
             "{} ({}, {} SMs, {} MiB L2)",
             device.name,
@@ -408,14 +427,6 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         cases,
         hint: opts.hint.clone(),
         context_tokens: opts.context_tokens,
-    };
-    let mut evaluator = LoopEvaluator {
-        g,
-        k,
-        engine,
-        judge: Judge::new(ceilings.clone()),
-        settings,
-        last_job: None,
     };
     let (mut accepted, mut rejected, mut best) = (0usize, 0usize, None::<f64>);
     let name = k.spec.name.clone();
@@ -612,6 +623,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
                 cost_usd: Some(outcome.spend.dollars),
             },
             sweep: outcome.best_sweep.as_ref(),
+            baseline: baseline.clone(),
         }) {
             Ok(p) => p,
             Err(e) => {
@@ -664,6 +676,77 @@ pub struct Winner<'a> {
     /// The loop's sweep of the agent's matrix that chose the winner's defines, if one did:
     /// the rationale records it with every point's time per shape.
     pub sweep: Option<&'a run::MatrixSweep>,
+    /// The accepted variant the winner had to beat, and its time per shape measured in
+    /// the same run (the winner's speedups stay relative to the reference, timed in the
+    /// same job as it).
+    pub baseline: Option<BaselineTimes>,
+}
+
+/// An accepted variant a winner had to beat, and its time per shape in the same run.
+pub type BaselineTimes = (Baseline, BTreeMap<String, f64>);
+
+/// The accepted variant of `arch` a kernel's loop starts from, verified again on this
+/// device: the one variant accepted there for every shape. None (the reference) when no
+/// variant is accepted for `arch`, when the accepted one claims only a region (a
+/// candidate is one source for every shape), or when it fails verification now; each case
+/// is said in the progress and, but the first, in the journal.
+fn starting_point(
+    run: &RunShared,
+    k: &Kernel,
+    arch: &str,
+    evaluator: &mut LoopEvaluator,
+    progress: &mut dyn FnMut(&str),
+) -> (Option<run::Start>, Option<BaselineTimes>) {
+    let name = &k.spec.name;
+    let Some(e) = k.state.entries.iter().find(|e| e.entry.arch == arch) else {
+        return (None, None);
+    };
+    let variant = &e.entry.variant;
+    let usable = match &e.status {
+        Ok(u) if u.region.is_none() => u,
+        Ok(_) => {
+            progress(&format!(
+                "{name}: `{variant}` is accepted for {arch} only where `{}`: the loop starts from the reference",
+                e.entry.region.as_deref().unwrap_or("")
+            ));
+            return (None, None);
+        }
+        Err(why) => {
+            progress(&format!(
+                "{name}: `{variant}` cannot be used ({}): the loop starts from the reference",
+                why.describe()
+            ));
+            return (None, None);
+        }
+    };
+    progress(&format!(
+        "{name}: verifying the accepted `{variant}`, the loop's starting point"
+    ));
+    let version = eval::version(usable);
+    let verdict = evaluator.evaluate(&version, None);
+    let _ = run.journal().append(Event::Baseline {
+        kernel: name.clone(),
+        variant: variant.clone(),
+        passed: verdict.accepted,
+        detail: verdict.summary(),
+        times_us: verdict.candidate_times(),
+    });
+    if !verdict.accepted {
+        progress(&format!(
+            "{name}: the accepted `{variant}` fails verification now ({}): the loop starts from the reference; `cargo kopt verify {name}` says more",
+            verdict.summary().lines().next().unwrap_or("")
+        ));
+        return (None, None);
+    }
+    let baseline = Baseline {
+        variant: variant.clone(),
+        source_hash: e.entry.source_hash.clone(),
+    };
+    let times = verdict.candidate_times();
+    (
+        Some(run::Start { version, verdict }),
+        Some((baseline, times)),
+    )
 }
 
 /// The pending variant of a verified winner, its rationale built (and checked) from the
@@ -733,6 +816,19 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
             )
         }
         _ => p.diagnosis.summary.clone(),
+    };
+    let summary = match &w.baseline {
+        Some((b, before)) => format!(
+            "{}{} {}",
+            summary.trim_end(),
+            if summary.trim_end().ends_with('.') {
+                ""
+            } else {
+                "."
+            },
+            against_baseline(&b.variant, arch, before, verdict)
+        ),
+        None => summary,
     };
     let e = Evidence {
         kernel: k.spec.name.clone(),
@@ -826,7 +922,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
         run_id: run_id.to_string(),
         session: Some(session_rel),
         kind: None,
-        baseline: None,
+        baseline: w.baseline.as_ref().map(|(b, _)| b.clone()),
         evidence: EvidenceSummary {
             shapes_checked: job
                 .shapes
@@ -866,6 +962,35 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
     };
     p.validate().map_err(|e| e.to_string())?;
     Ok(p)
+}
+
+/// The rationale's sentence on the accepted variant a winner had to beat: its time and the
+/// winner's per declared shape, both measured in this run.
+fn against_baseline(
+    variant: &str,
+    arch: &str,
+    before: &BTreeMap<String, f64>,
+    winner: &Verdict,
+) -> String {
+    let pairs: Vec<(String, f64, f64)> = winner
+        .shapes
+        .iter()
+        .filter(|s| !s.held_out)
+        .filter_map(|s| Some((s.shape.clone(), *before.get(&s.shape)?, s.candidate_us?)))
+        .collect();
+    let mean = (!pairs.is_empty()).then(|| {
+        (pairs.iter().map(|(_, b, w)| (b / w).ln()).sum::<f64>() / pairs.len() as f64).exp()
+    });
+    format!(
+        "The optimisation loop started from `{variant}`, the variant accepted for {arch}, verified again in the same run{}: {}.",
+        mean.map(|m| format!(" ({m:.2}x in geometric mean over the declared shapes)"))
+            .unwrap_or_default(),
+        pairs
+            .iter()
+            .map(|(shape, b, w)| format!("{shape} {w:.2} µs against its {b:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// The rationale's record of a matrix sweep: how the point was chosen, and every point's

@@ -1227,6 +1227,7 @@ fn save_winner(
             cost_usd: None,
         },
         sweep: None,
+        baseline: None,
     })?;
     let kopt = KoptDir::new(&g.target_dir);
     kopt_store::pending::save(&kopt, &pending).map_err(|e| e.to_string())?;

@@ -94,6 +94,7 @@ impl Setup {
         Task {
             spec: &k.spec,
             reference: KernelVersion::reference(&k.spec, &k.reference.text),
+            start: None,
             device: "kopt fake GPU (sm_90)".into(),
             ceilings: "copy 4000 GB/s".into(),
             snapshot: Some("memory-bound: 3 passes over each row".into()),
@@ -571,10 +572,12 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
         kopt_tests::text(&o)
     );
 
-    // The default agent needs no model: the heuristic's mechanical rewrites.
+    // The default agent needs no model: the heuristic's mechanical rewrites (of the
+    // reference here; by default they apply to the accepted variant).
     let o = run(&[
         "optimize",
         "softmax",
+        "--from-reference",
         "--budget",
         "rounds=2",
         "--run",
@@ -788,6 +791,9 @@ fn cargo_kopt_optimize_records_the_matrix_search_in_the_rationale() {
                 "rounds=1",
                 "--run",
                 "sweep",
+                // The matrix is over the reference's source (the accepted variant's launch
+                // rule names defines this candidate does not set).
+                "--from-reference",
                 "--message-format",
                 "json",
             ],
@@ -797,8 +803,11 @@ fn cargo_kopt_optimize_records_the_matrix_search_in_the_rationale() {
     assert!(o.status.success(), "{}", kopt_tests::text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
-        v["kernels"][0]["pending"], "llm-kernels/softmax/sm_90",
-        "{v}"
+        v["kernels"][0]["pending"],
+        "llm-kernels/softmax/sm_90",
+        "{v}\n{}",
+        std::fs::read_to_string(ws.root.join("target/kopt/runs/sweep/journal.jsonl"))
+            .unwrap_or_default()
     );
     let pending = ws
         .root
@@ -865,5 +874,122 @@ fn cargo_kopt_optimize_records_the_matrix_search_in_the_rationale() {
             .as_object()
             .is_some_and(|t| t.len() >= 4),
         "{rejected}"
+    );
+}
+
+#[test]
+fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    let run = |args: &[&str]| {
+        ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
+            .output()
+            .unwrap()
+    };
+    // An accepted variant 1.2x faster than the reference on the fake device.
+    let accepted = ws.krate.join("kopt/softmax/run-1795985295-r1c1");
+    let fast = ws.krate.join("kopt/softmax/fast");
+    std::fs::create_dir_all(&fast).unwrap();
+    for f in std::fs::read_dir(&accepted).unwrap().flatten() {
+        std::fs::copy(f.path(), fast.join(f.file_name())).unwrap();
+    }
+    let toml = fast.join("variant.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(
+        &toml,
+        text.replace("id = \"run-1795985295-r1c1\"", "id = \"fast\""),
+    )
+    .unwrap();
+    let cu = fast.join("kernel.cu");
+    let text = std::fs::read_to_string(&cu).unwrap();
+    std::fs::write(&cu, format!("{text}\n// kopt-fake: speedup 1.2\n")).unwrap();
+    for args in [
+        &["revert", "softmax", "--arch", "sm_90"][..],
+        &["pin", "softmax", "fast", "--arch", "sm_90"],
+    ] {
+        let o = run(args);
+        assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    }
+
+    // 1.1x the reference: faster than the reference, slower than the accepted variant.
+    let slower = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.1")));
+    let optimize = |agent: &str, run_id: &str, more: &[&str]| {
+        let mut args = vec![
+            "optimize",
+            "softmax",
+            "--no-ncu",
+            "--agent",
+            agent,
+            "--budget",
+            "rounds=1",
+            "--run",
+            run_id,
+            "--message-format",
+            "json",
+        ];
+        args.extend(more);
+        let o = run(&args);
+        assert!(o.status.success(), "{}", kopt_tests::text(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let v = optimize(&slower, "slower", &[]);
+    let runs = ws.root.join("target/kopt/runs");
+    let journal = std::fs::read_to_string(runs.join("slower/journal.jsonl")).unwrap();
+    assert_eq!(
+        v["kernels"][0]["pending"],
+        serde_json::Value::Null,
+        "{v}\n{journal}"
+    );
+    let baseline = journal
+        .lines()
+        .find(|l| l.contains("\"event\":\"baseline\""))
+        .unwrap_or_else(|| panic!("the accepted variant is verified first: {journal}"));
+    assert!(
+        baseline.contains("\"variant\":\"fast\"") && baseline.contains("\"passed\":true"),
+        "{baseline}"
+    );
+    assert!(
+        journal.contains("\"failure_class\":\"watchdog\""),
+        "slower than the accepted variant is the watchdog's: {journal}"
+    );
+    let session = std::fs::read_to_string(runs.join("slower/sessions/softmax.jsonl")).unwrap();
+    assert!(
+        session.contains("speedup 1.2"),
+        "the agent is shown the accepted variant's source as the current best"
+    );
+
+    // From the reference, the same candidate wins.
+    let v = optimize(&slower, "from-reference", &["--from-reference"]);
+    assert_eq!(
+        v["kernels"][0]["pending"], "llm-kernels/softmax/sm_90",
+        "{v}"
+    );
+    let o = run(&["pending", "--message-format", "json"]);
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("\"baseline\""),
+        "measured against the reference only: {}",
+        kopt_tests::text(&o)
+    );
+
+    // 1.32x the reference beats the accepted variant: pending, with what it had to beat.
+    let faster = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.32")));
+    let v = optimize(&faster, "faster", &[]);
+    assert_eq!(
+        v["kernels"][0]["pending"],
+        "llm-kernels/softmax/sm_90",
+        "{v}\n{}",
+        std::fs::read_to_string(runs.join("faster/journal.jsonl")).unwrap()
+    );
+    let pending = ws
+        .root
+        .join("target/kopt/pending/llm-kernels/softmax/sm_90");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(pending.join("pending.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta["baseline"]["variant"], "fast", "{meta}");
+    let rationale = std::fs::read_to_string(pending.join("rationale.json")).unwrap();
+    assert!(
+        rationale.contains("The optimisation loop started from `fast`, the variant accepted for sm_90, verified again in the same run (1.10x in geometric mean"),
+        "{rationale}"
     );
 }

@@ -89,11 +89,22 @@ impl Default for Rules {
     }
 }
 
+/// The version a loop starts from when it is not the reference: an accepted variant,
+/// verified in this run (its verdict's times are what a candidate must beat).
+#[derive(Debug, Clone)]
+pub struct Start {
+    pub version: KernelVersion,
+    pub verdict: Verdict,
+}
+
 /// What the loop knows about the kernel before it starts.
 #[derive(Debug, Clone)]
 pub struct Task<'a> {
     pub spec: &'a KernelSpec,
     pub reference: KernelVersion,
+    /// The best before the first round (`None`: the reference). Candidates are built from
+    /// its source, launch rule and defines, and must beat its times.
+    pub start: Option<Start>,
     pub device: String,
     pub ceilings: String,
     pub snapshot: Option<String>,
@@ -636,6 +647,9 @@ pub fn optimize(
         us: None,
         figures: Vec::new(),
     };
+    if let Some(s) = &task.start {
+        best.adopt(&s.version, &s.verdict);
+    }
     let mut history: Vec<Feedback> = Vec::new();
     let mut compile_failures = 0u32;
     let mut failed_in_a_row = 0u32;

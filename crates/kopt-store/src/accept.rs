@@ -263,15 +263,15 @@ pub fn plan_accept(
     let accepted_now = arch_entries.first();
     match (&p.meta.baseline, accepted_now) {
         (Some(b), Some(now)) if b.source_hash != now.source_hash => notes.push(format!(
-            "it was measured against `{}`, but `{}` is accepted for {} now: its speedups are relative to the former",
+            "it had to beat `{}`, but `{}` is accepted for {} now: it was never compared with the latter (`cargo kopt bench` after accepting, or `cargo kopt optimize` again)",
             b.variant, now.variant, entry.arch
         )),
         (Some(b), None) => notes.push(format!(
-            "it was measured against `{}`, which is no longer accepted for {}: its speedups are relative to it, not to the reference",
+            "it had to beat `{}`, which is no longer accepted for {}",
             b.variant, entry.arch
         )),
         (None, Some(now)) => notes.push(format!(
-            "it was measured against the reference, but `{}` is accepted for {} now",
+            "it was measured against the reference only, but `{}` is accepted for {} now: it may be slower than it",
             now.variant, entry.arch
         )),
         _ => {}

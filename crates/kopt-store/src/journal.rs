@@ -77,6 +77,17 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
         times_us: std::collections::BTreeMap<String, f64>,
     },
+    /// The accepted variant the loop starts from, verified again in this run: candidates
+    /// must beat its times (`passed: false`: it failed, and the loop starts from the
+    /// reference).
+    Baseline {
+        kernel: String,
+        variant: String,
+        passed: bool,
+        detail: String,
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        times_us: std::collections::BTreeMap<String, f64>,
+    },
     /// A profile of the reference or a candidate.
     Profile {
         kernel: String,

@@ -53,7 +53,9 @@ pub struct PendingMeta {
     /// its name and source when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    /// The accepted variant it was measured against; absent means the reference.
+    /// The accepted variant it had to beat (the optimisation loop's starting point);
+    /// absent: it was compared with the reference only. Its speedups are relative to the
+    /// reference either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<Baseline>,
     pub evidence: EvidenceSummary,

@@ -184,7 +184,7 @@ fn accept_writes_the_files_and_the_lock_and_replaces_with_notice() {
     assert!(
         plan.notes
             .iter()
-            .any(|n| n.contains("measured against the reference, but `vec4-a` is accepted")),
+            .any(|n| n.contains("measured against the reference only, but `vec4-a` is accepted")),
         "{:?}",
         plan.notes
     );
