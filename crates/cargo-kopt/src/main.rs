@@ -257,6 +257,11 @@ enum Command {
         /// Profile without Nsight Compute.
         #[arg(long)]
         no_ncu: bool,
+        /// Start every kernel from the reference even where a variant is accepted for the
+        /// GPU's architecture (by default the session starts from that variant, verified
+        /// again, and a proposal must beat it).
+        #[arg(long)]
+        from_reference: bool,
         #[command(flatten)]
         eval: EvalArgs,
     },
@@ -805,6 +810,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             max_search_evals,
             max_candidate_bytes,
             no_ncu,
+            from_reference,
             eval: args,
         } => {
             let cfg = cargo_kopt::mcp::Config {
@@ -822,6 +828,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     timeout: Some(std::time::Duration::from_secs(600)),
                 },
                 step_timeout: args.step_timeout,
+                from_reference,
             };
             let server = cargo_kopt::mcp::KoptMcp::new(gathered, cfg)?;
             // Standard output carries the protocol: people read standard error.

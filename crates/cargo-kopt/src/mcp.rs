@@ -72,11 +72,18 @@ pub struct Config {
     pub settings: Settings,
     pub ncu: NcuChoice,
     pub step_timeout: u64,
+    /// Start every kernel from the reference even where a variant is accepted for the
+    /// GPU's architecture.
+    pub from_reference: bool,
 }
 
 /// What the session learnt about one kernel.
 #[derive(Default)]
 struct KernelState {
+    /// Whether the session's starting point was settled (see `Session::start`).
+    started: bool,
+    /// The accepted variant the session started from, with its times in this session.
+    baseline: Option<optimize::BaselineTimes>,
     /// The current best verified candidate (`None`: the reference).
     best: Option<Best>,
     history: Vec<Feedback>,
@@ -296,6 +303,56 @@ impl Session {
         });
     }
 
+    /// Settles where a kernel's session starts, once: as `cargo kopt optimize` does, from
+    /// the variant accepted for the GPU's architecture (verified again) unless
+    /// `--from-reference`.
+    fn start(&mut self, name: &str) -> Result<(), ErrorData> {
+        if self.kernels.get(name).is_some_and(|s| s.started) {
+            return Ok(());
+        }
+        self.kernels.entry(name.to_string()).or_default().started = true;
+        if self.cfg.from_reference {
+            return Ok(());
+        }
+        let settings = self.cfg.settings.clone();
+        self.engine()?;
+        let Session {
+            g, engine, journal, ..
+        } = &mut *self;
+        let k = commands::find(g, name).map_err(|e| invalid(e.to_string()))?;
+        let engine = engine.as_mut().expect("started above");
+        let device = engine.device().map_err(|e| internal(e.to_string()))?;
+        let mut judge = Judge::new(engine.ceilings(false).ok());
+        judge.threshold = settings.threshold;
+        let mut evaluator = LoopEvaluator {
+            g,
+            k,
+            engine,
+            judge,
+            settings,
+            last_job: None,
+        };
+        let (start, baseline) = optimize::starting_point(
+            k,
+            &device.arch,
+            &mut evaluator,
+            &mut |e| {
+                let _ = journal.append(e);
+            },
+            &mut |_| {},
+        );
+        let state = self.kernels.entry(name.to_string()).or_default();
+        if let (Some(s), Some(b)) = (start, baseline) {
+            state.best = Some(Best {
+                id: b.0.variant.clone(),
+                version: s.version,
+                verdict: s.verdict,
+            });
+            state.baseline = Some(b);
+        }
+        Ok(())
+    }
+
     fn best_version(&self, k: &Kernel) -> (String, KernelVersion) {
         match self.kernels.get(&k.spec.name).and_then(|s| s.best.as_ref()) {
             Some(b) => (b.id.clone(), b.version.clone()),
@@ -391,6 +448,7 @@ impl Session {
     fn get_context(&mut self, name: &str) -> Result<Value, ErrorData> {
         self.kernel(name)?;
         self.profile_reference(name)?;
+        self.start(name)?;
         let (device, ceilings) = self.device_line()?;
         let k = self.kernel(name)?;
         let (best_label, best) = self.best_version(k);
@@ -516,6 +574,8 @@ impl Session {
                 None,
             ));
         }
+        self.kernel(&a.kernel)?;
+        self.start(&a.kernel)?;
         let k = self.kernel(&a.kernel)?;
         let (best_label, best) = self.best_version(k);
         let text = serde_json::to_string(&ProposalSet {
@@ -618,7 +678,7 @@ impl Session {
                     cost_usd: None,
                 },
                 sweep: None,
-                baseline: None,
+                baseline: self.kernels.get(&a.kernel).and_then(|s| s.baseline.clone()),
             })
             .map_err(internal)?;
             let kopt = KoptDir::new(&self.g.target_dir);
@@ -656,6 +716,7 @@ impl Session {
 
     fn search(&mut self, a: &SearchArgs) -> Result<Value, ErrorData> {
         self.kernel(&a.kernel)?;
+        self.start(&a.kernel)?;
         let strategy = match a.strategy.as_deref().unwrap_or("hill") {
             "hill" => StrategyKind::Hill,
             "random" => StrategyKind::Random,

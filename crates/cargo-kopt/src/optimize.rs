@@ -397,7 +397,15 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
     let (start, baseline) = if opts.from_reference {
         (None, None)
     } else {
-        starting_point(run, k, &device.arch, &mut evaluator, &mut |m| progress(m))
+        starting_point(
+            k,
+            &device.arch,
+            &mut evaluator,
+            &mut |e| {
+                let _ = run.journal().append(e);
+            },
+            &mut |m| progress(m),
+        )
     };
     let task = Task {
         spec: &k.spec,
@@ -689,12 +697,12 @@ pub type BaselineTimes = (Baseline, BTreeMap<String, f64>);
 /// device: the one variant accepted there for every shape. None (the reference) when no
 /// variant is accepted for `arch`, when the accepted one claims only a region (a
 /// candidate is one source for every shape), or when it fails verification now; each case
-/// is said in the progress and, but the first, in the journal.
-fn starting_point(
-    run: &RunShared,
+/// is said in the progress, and the verification is `record`ed (a `baseline` event).
+pub fn starting_point(
     k: &Kernel,
     arch: &str,
     evaluator: &mut LoopEvaluator,
+    record: &mut dyn FnMut(Event),
     progress: &mut dyn FnMut(&str),
 ) -> (Option<run::Start>, Option<BaselineTimes>) {
     let name = &k.spec.name;
@@ -724,7 +732,7 @@ fn starting_point(
     ));
     let version = eval::version(usable);
     let verdict = evaluator.evaluate(&version, None);
-    let _ = run.journal().append(Event::Baseline {
+    record(Event::Baseline {
         kernel: name.clone(),
         variant: variant.clone(),
         passed: verdict.accepted,

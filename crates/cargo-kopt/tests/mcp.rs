@@ -125,6 +125,15 @@ async fn an_agent_drives_the_verified_loop_over_stdio() {
         .unwrap();
     let source = ctx["source"].as_str().unwrap().to_string();
     assert!(source.contains("rmsnorm_f16"));
+    // As `cargo kopt optimize`, the session starts from the variant accepted for sm_90.
+    let accepted = kopt_spec::files::LockFile::parse(
+        &std::fs::read_to_string(ws.path("kopt/rmsnorm/kopt.lock")).unwrap(),
+    )
+    .unwrap()
+    .accepted[0]
+        .variant
+        .clone();
+    assert_eq!(ctx["current_best"], json!(accepted), "{ctx:#}");
     assert!(ctx["prompt"].as_str().unwrap().contains("rmsnorm_f16"));
 
     let profiled = call(
@@ -197,6 +206,10 @@ async fn an_agent_drives_the_verified_loop_over_stdio() {
         "{rationale}"
     );
     assert!(rationale.contains("mcp:test-agent"), "{rationale}");
+    assert!(
+        rationale.contains(&format!("started from `{accepted}`")),
+        "it names the accepted variant it had to beat: {rationale}"
+    );
 
     // A search around the winner: fast math is faster on the fake device, and is saved.
     let s = call(
