@@ -207,9 +207,15 @@ enum Command {
         /// A second backend that critiques each proposal before verification.
         #[arg(long, env = "KOPT_REVIEWER")]
         reviewer: Option<String>,
-        /// rounds=N,candidates=N,minutes=N,tokens=N,dollars=N (any subset).
+        /// Each kernel's budget: rounds=N,candidates=N,minutes=N,tokens=N,dollars=N (any
+        /// subset).
         #[arg(long)]
         budget: Option<String>,
+        /// The whole run's budget, over all its kernels together:
+        /// candidates=N,minutes=N,tokens=N,dollars=N (any subset; none by default). A
+        /// kernel the run has no room left for does not start.
+        #[arg(long, value_name = "LIMITS")]
+        run_budget: Option<String>,
         /// Guidance from a person (resumes after an escalation).
         #[arg(long)]
         hint: Option<String>,
@@ -761,6 +767,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             agent,
             reviewer,
             budget,
+            run_budget,
             hint,
             context_tokens,
             run,
@@ -789,16 +796,17 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 devices,
                 step_timeout: std::time::Duration::from_secs(args.step_timeout),
                 from_reference,
+                run_limits: parse_run_budget(run_budget.as_deref())?,
             };
             let bar = progress_bar(json);
-            let (run_id, results) = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| {
+            let r = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| {
                 bar.set_message(m.to_string())
             })?;
             bar.finish_and_clear();
             if json {
-                print_json(&serde_json::json!({ "run": run_id, "kernels": results }));
+                print_json(&r);
             } else {
-                render::optimize(&run_id, &results);
+                render::optimize(&r);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -1066,6 +1074,39 @@ fn parse_budget(text: Option<&str>) -> Result<kopt_agent::run::Budget, String> {
         }
     }
     Ok(b)
+}
+
+fn parse_run_budget(text: Option<&str>) -> Result<kopt_agent::run::RunLimits, String> {
+    let mut l = kopt_agent::run::RunLimits::default();
+    let Some(text) = text else { return Ok(l) };
+    for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+        let (k, v) = part.split_once('=').ok_or(format!(
+            "--run-budget `{part}`: write name=value (candidates, minutes, tokens, dollars)"
+        ))?;
+        let bad = || format!("--run-budget `{part}`: `{v}` is not a number");
+        match k.trim() {
+            "candidates" => l.candidates = Some(v.trim().parse().map_err(|_| bad())?),
+            "minutes" => {
+                l.wall = Some(std::time::Duration::from_secs_f64(
+                    v.trim().parse::<f64>().map_err(|_| bad())? * 60.0,
+                ))
+            }
+            "tokens" => l.tokens = Some(v.trim().parse().map_err(|_| bad())?),
+            "dollars" => l.dollars = Some(v.trim().parse().map_err(|_| bad())?),
+            "rounds" => {
+                return Err(
+                    "--run-budget has no `rounds`: rounds are per kernel (`--budget rounds=N`)"
+                        .into(),
+                )
+            }
+            other => {
+                return Err(format!(
+                    "unknown run budget `{other}`: use candidates, minutes, tokens, dollars"
+                ))
+            }
+        }
+    }
+    Ok(l)
 }
 
 fn check_names(g: &Gathered, names: &[String]) -> Result<(), String> {

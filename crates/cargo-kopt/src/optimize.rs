@@ -216,6 +216,8 @@ pub struct Options {
     /// Start from the reference even where a variant is accepted for the device's
     /// architecture (`--from-reference`).
     pub from_reference: bool,
+    /// Limits over all the run's kernels together (`--run-budget`).
+    pub run_limits: run::RunLimits,
 }
 
 fn now_id() -> String {
@@ -240,6 +242,8 @@ struct RunShared<'a> {
     library: Mutex<Option<kopt_store::cases::CaseLibrary>>,
     /// The library as the run found it, which every kernel's similar cases come from.
     cases_at_start: Mutex<Option<kopt_store::cases::CaseLibrary>>,
+    /// What the run's kernels spent together, against `--run-budget`.
+    run_budget: run::RunBudget,
 }
 
 impl RunShared<'_> {
@@ -254,14 +258,14 @@ pub fn optimize(
     g: &Gathered,
     opts: &Options,
     progress: &mut dyn FnMut(&str),
-) -> Result<(String, Vec<KernelResult>), String> {
+) -> Result<RunResult, String> {
     let cfg = AgentConfig::load(g)?;
     let kopt = KoptDir::new(&g.target_dir);
     let run_id = opts.run_id.clone().unwrap_or_else(now_id);
     let (mut journal, _) = Journal::open_or_resume(&kopt, &run_id).map_err(|e| e.to_string())?;
     journal
         .append(Event::RunStarted {
-            config: serde_json::json!({ "agent": opts.agent, "reviewer": opts.reviewer, "kernels": opts.kernels, "hint": opts.hint }),
+            config: serde_json::json!({ "agent": opts.agent, "reviewer": opts.reviewer, "kernels": opts.kernels, "hint": opts.hint, "run_budget": opts.run_limits }),
             budget: serde_json::to_value(&opts.budget).expect("serialises"),
         })
         .map_err(|e| e.to_string())?;
@@ -296,6 +300,7 @@ pub fn optimize(
         journal: Mutex::new(journal),
         library: Mutex::new(library),
         cases_at_start: Mutex::new(cases_at_start),
+        run_budget: run::RunBudget::new(opts.run_limits.clone()),
     };
     let results = pool.try_map(
         &kernels,
@@ -303,10 +308,30 @@ pub fn optimize(
         progress,
     )?;
     let results: Vec<KernelResult> = results.into_iter().map(|r| r.value).collect();
+    let spent = shared.run_budget.spent();
     let _ = shared.journal().append(Event::RunFinished {
-        summary: format!("{} kernel(s)", results.len()),
+        summary: format!(
+            "{} kernel(s); {} candidate(s), {} token(s), ${:.2}",
+            results.len(),
+            spent.candidates,
+            spent.tokens,
+            spent.dollars
+        ),
     });
-    Ok((run_id, results))
+    Ok(RunResult {
+        run: run_id,
+        kernels: results,
+        spent,
+    })
+}
+
+/// What `cargo kopt optimize` did: the run, each kernel's result, and what the kernels
+/// spent together (what `--run-budget` limits).
+#[derive(Debug, Serialize)]
+pub struct RunResult {
+    pub run: String,
+    pub kernels: Vec<KernelResult>,
+    pub spent: run::RunSpent,
 }
 
 /// The loop for one kernel, on the device of `slot`.
@@ -320,6 +345,29 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         ..opts.settings.clone()
     };
     let device = engine.device().map_err(|e| e.to_string())?;
+    if let Some(which) = run.run_budget.exhausted() {
+        // A kernel the run's budget leaves no room for does not start.
+        progress(&format!(
+            "{}: not started, the {which} budget ran out",
+            k.spec.name
+        ));
+        return Ok(KernelResult {
+            kernel: k.spec.name.clone(),
+            stop: Stop::Budget {
+                which: which.to_string(),
+            },
+            rounds: 0,
+            accepted: 0,
+            rejected: 0,
+            best_speedup: None,
+            pending: None,
+            escalation: None,
+            tokens: 0,
+            dollars: 0.0,
+            device: slot_ordinal,
+            pending_refused: None,
+        });
+    }
     let ceilings = engine.ceilings(false).ok();
     progress(&format!("{}: starting", k.spec.name));
     let session = run
@@ -411,6 +459,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         spec: &k.spec,
         reference: KernelVersion::reference(&k.spec, &k.reference.text),
         start,
+        run_budget: Some(&run.run_budget).filter(|b| !b.limits.is_unlimited()),
         device: format!(
             "{} ({}, {} SMs, {} MiB L2)",
             device.name,

@@ -300,8 +300,9 @@ fn indent(s: &str) -> String {
     s.lines().map(|l| format!("  {l}\n")).collect()
 }
 
-pub fn optimize(run_id: &str, results: &[crate::optimize::KernelResult]) {
+pub fn optimize(r: &crate::optimize::RunResult) {
     use kopt_agent::run::Stop;
+    let (run_id, results) = (&r.run, &r.kernels);
     // Which GPU ran a kernel matters only when there were several.
     let several = results.iter().any(|r| r.device != results[0].device);
     let mut headers = vec![
@@ -348,8 +349,15 @@ pub fn optimize(run_id: &str, results: &[crate::optimize::KernelResult]) {
     }
     let mut out = anstream::stdout();
     let _ = write!(out, "{}", t.render());
-    for r in results.iter().filter_map(|r| r.escalation.as_ref()) {
-        let _ = writeln!(out, "escalation note: target/kopt/runs/{run_id}/{r}");
+    if results.len() > 1 {
+        let _ = writeln!(
+            out,
+            "the run: {} candidate(s), {} token(s), ${:.2}",
+            r.spent.candidates, r.spent.tokens, r.spent.dollars
+        );
+    }
+    for e in results.iter().filter_map(|r| r.escalation.as_ref()) {
+        let _ = writeln!(out, "escalation note: target/kopt/runs/{run_id}/{e}");
     }
     let _ = writeln!(out, "run {run_id}: journal and recorded sessions in target/kopt/runs/{run_id}/; review the winners with `cargo kopt review`");
 }

@@ -95,6 +95,7 @@ impl Setup {
             spec: &k.spec,
             reference: KernelVersion::reference(&k.spec, &k.reference.text),
             start: None,
+            run_budget: None,
             device: "kopt fake GPU (sm_90)".into(),
             ceilings: "copy 4000 GB/s".into(),
             snapshot: Some("memory-bound: 3 passes over each row".into()),
@@ -991,5 +992,63 @@ fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
     assert!(
         rationale.contains("The optimisation loop started from `fast`, the variant accepted for sm_90, verified again in the same run (1.10x in geometric mean"),
         "{rationale}"
+    );
+}
+
+#[test]
+fn the_run_budget_is_shared_by_the_kernels_of_a_run() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    // Whatever it is asked, one proposal: one candidate per round.
+    let agent = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.3")));
+    let run = |args: &[&str]| {
+        ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "optimize",
+        "softmax",
+        "rmsnorm",
+        "--no-ncu",
+        "--from-reference",
+        "--agent",
+        &agent,
+        "--budget",
+        "rounds=2",
+        "--run-budget",
+        "candidates=1",
+        "--run",
+        "shared",
+        "--message-format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["spent"]["candidates"], 1, "{v}");
+    assert_eq!(v["spent"]["tokens"], 1000, "one reply: {v}");
+    let kernels = v["kernels"].as_array().unwrap();
+    let (first, second) = (&kernels[0], &kernels[1]);
+    assert_eq!(
+        first["rounds"], 2,
+        "the first kernel's second round finds the run's budget spent: {v}"
+    );
+    assert_eq!(first["stop"]["which"], "run's candidates", "{v}");
+    assert_eq!(second["rounds"], 0, "{v}");
+    assert_eq!(second["stop"]["which"], "run's candidates", "{v}");
+    let journal =
+        std::fs::read_to_string(ws.root.join("target/kopt/runs/shared/journal.jsonl")).unwrap();
+    assert!(
+        journal.contains("\"run_budget\":{\"candidates\":1")
+            && journal.contains("2 kernel(s); 1 candidate(s), 1000 token(s)"),
+        "{journal}"
+    );
+
+    let o = run(&["optimize", "softmax", "--run-budget", "rounds=2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", kopt_tests::text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("rounds are per kernel (`--budget rounds=N`)"),
+        "{}",
+        kopt_tests::text(&o)
     );
 }

@@ -7,7 +7,10 @@
 //! - escalate when 3 rounds bring no improvement, when the same error (the same fence with
 //!   the same first message line) comes back twice after its first occurrence, or when 3
 //!   compiled candidates in a row fail verification;
-//! - budgets cap rounds, candidates, wall time, tokens and dollars.
+//! - budgets cap rounds, candidates, wall time, tokens and dollars, per kernel ([`Budget`])
+//!   and, shared by every kernel of a run, candidates, wall time, tokens and dollars
+//!   ([`RunBudget`]): a loop charges the run what it spent before each round and each
+//!   candidate, and stops when a run limit is reached.
 //!
 //! A proposal's `matrix` is searched by the loop itself, exhaustively (at most
 //! [`proposal::MAX_MATRIX_POINTS`] points): once the candidate's own defines passed every
@@ -19,6 +22,7 @@
 //! `tried` with its verdict but never counts towards an escalation.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kopt_engine::job::KernelVersion;
@@ -59,6 +63,104 @@ impl Default for Budget {
             tokens: 2_000_000,
             dollars: 20.0,
         }
+    }
+}
+
+/// Limits on a whole run, over all its kernels; `None`: no limit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunLimits {
+    pub candidates: Option<u32>,
+    pub wall: Option<Duration>,
+    pub tokens: Option<u64>,
+    pub dollars: Option<f64>,
+}
+
+impl RunLimits {
+    pub fn is_unlimited(&self) -> bool {
+        *self == RunLimits::default()
+    }
+}
+
+/// What the kernels of a run spent together so far.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunSpent {
+    pub candidates: u32,
+    pub tokens: u64,
+    pub dollars: f64,
+}
+
+/// A run's budget, shared by its kernels' loops (several at once on several GPUs): each
+/// charges what it spends, and every loop stops at its next check once a limit is reached.
+/// A candidate being verified when another loop reaches the limit finishes.
+#[derive(Debug)]
+pub struct RunBudget {
+    pub limits: RunLimits,
+    start: Instant,
+    spent: Mutex<RunSpent>,
+}
+
+impl RunBudget {
+    /// Starts the run's clock.
+    pub fn new(limits: RunLimits) -> Self {
+        RunBudget {
+            limits,
+            start: Instant::now(),
+            spent: Mutex::new(RunSpent::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RunSpent> {
+        self.spent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn charge(&self, candidates: u32, tokens: u64, dollars: f64) {
+        let mut s = self.lock();
+        s.candidates += candidates;
+        s.tokens += tokens;
+        s.dollars += dollars;
+    }
+
+    pub fn spent(&self) -> RunSpent {
+        self.lock().clone()
+    }
+
+    /// The limit the run has reached, as a stop names it (`run's dollars`).
+    pub fn exhausted(&self) -> Option<&'static str> {
+        let s = self.lock();
+        let l = &self.limits;
+        if l.wall.is_some_and(|w| self.start.elapsed() > w) {
+            Some("run's wall time")
+        } else if l.tokens.is_some_and(|t| s.tokens >= t) {
+            Some("run's tokens")
+        } else if l.dollars.is_some_and(|d| s.dollars >= d) {
+            Some("run's dollars")
+        } else if l.candidates.is_some_and(|c| s.candidates >= c) {
+            Some("run's candidates")
+        } else {
+            None
+        }
+    }
+}
+
+/// What one loop has charged its run so far: each check charges the difference.
+struct RunCharge<'a> {
+    budget: Option<&'a RunBudget>,
+    candidates: u32,
+    tokens: u64,
+    dollars: f64,
+}
+
+impl RunCharge<'_> {
+    /// Charges the loop's totals so far and answers the run limit reached, if any.
+    fn check(&mut self, candidates: u32, tokens: u64, dollars: f64) -> Option<&'static str> {
+        let b = self.budget?;
+        b.charge(
+            candidates.saturating_sub(self.candidates),
+            tokens.saturating_sub(self.tokens),
+            (dollars - self.dollars).max(0.0),
+        );
+        (self.candidates, self.tokens, self.dollars) = (candidates, tokens, dollars);
+        b.exhausted()
     }
 }
 
@@ -105,6 +207,8 @@ pub struct Task<'a> {
     /// The best before the first round (`None`: the reference). Candidates are built from
     /// its source, launch rule and defines, and must beat its times.
     pub start: Option<Start>,
+    /// The run's budget, shared with the run's other kernels.
+    pub run_budget: Option<&'a RunBudget>,
     pub device: String,
     pub ceilings: String,
     pub snapshot: Option<String>,
@@ -344,13 +448,16 @@ struct SweepInput<'a> {
 }
 
 /// What a sweep reads and moves of the loop's state.
-struct SweepState<'a> {
+struct SweepState<'a, 'r> {
     evaluator: &'a mut dyn Evaluate,
     best: &'a mut LoopBest,
     out: &'a mut Outcome,
     candidates: &'a mut u32,
     start: Instant,
     budget: &'a Budget,
+    /// The run's budget (tokens and dollars do not move during a sweep).
+    run: &'a mut RunCharge<'r>,
+    spend: (u64, f64),
     rules: &'a Rules,
     on: &'a mut dyn FnMut(Event),
 }
@@ -370,7 +477,7 @@ struct SweepEnd {
 /// runs out, the sweep stops with the best so far kept. A failing point is recorded with
 /// its verdict but never counts towards an escalation: it is the search's data, not the
 /// agent repeating an error.
-fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_>) -> SweepEnd {
+fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_, '_>) -> SweepEnd {
     let base_defines = c.base.defines.clone();
     let points = other_points(&base_defines, c.matrix);
     let mut sweep = MatrixSweep {
@@ -405,7 +512,7 @@ fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_>) -> SweepEnd {
         } else if st.start.elapsed() > st.budget.wall {
             Some("wall time")
         } else {
-            None
+            st.run.check(*st.candidates, st.spend.0, st.spend.1)
         };
         if let Some(which) = over {
             sweep.stopped = Some(format!("the {which} budget ran out"));
@@ -657,11 +764,15 @@ pub fn optimize(
     let mut seen_errors: BTreeMap<(Fence, String), u32> = BTreeMap::new();
     let mut last_compile_log = String::new();
     let mut candidates = 0u32;
-
-    'rounds: for round in 1..=budget.rounds {
-        out.rounds = round;
-        on(Event::Round { round });
-        let spent = client.spend.usage.input_tokens
+    let mut run_charge = RunCharge {
+        budget: task.run_budget,
+        candidates: 0,
+        tokens: 0,
+        dollars: 0.0,
+    };
+    // Tokens and dollars of the proposer and the reviewer so far.
+    let spend = |client: &Client, reviewer: &Option<&mut Client>| {
+        let tokens = client.spend.usage.input_tokens
             + client.spend.usage.output_tokens
             + reviewer
                 .as_ref()
@@ -669,6 +780,13 @@ pub fn optimize(
                 .unwrap_or(0);
         let dollars =
             client.spend.dollars + reviewer.as_ref().map(|r| r.spend.dollars).unwrap_or(0.0);
+        (tokens, dollars)
+    };
+
+    'rounds: for round in 1..=budget.rounds {
+        out.rounds = round;
+        on(Event::Round { round });
+        let (spent, dollars) = spend(client, &reviewer);
         let over = if start.elapsed() > budget.wall {
             Some("wall time")
         } else if spent >= budget.tokens {
@@ -678,7 +796,7 @@ pub fn optimize(
         } else if candidates >= budget.candidates {
             Some("candidates")
         } else {
-            None
+            run_charge.check(candidates, spent, dollars)
         };
         if let Some(which) = over {
             out.stop = Stop::Budget {
@@ -801,9 +919,15 @@ pub fn optimize(
 
         let mut improved = false;
         for (i, mut r) in resolved.into_iter().enumerate() {
-            if candidates >= budget.candidates {
+            let (spent, dollars) = spend(client, &reviewer);
+            let over = if candidates >= budget.candidates {
+                Some("candidates")
+            } else {
+                run_charge.check(candidates, spent, dollars)
+            };
+            if let Some(which) = over {
                 out.stop = Stop::Budget {
-                    which: "candidates".into(),
+                    which: which.into(),
                 };
                 break 'rounds;
             }
@@ -988,6 +1112,8 @@ pub fn optimize(
                     candidates: &mut candidates,
                     start,
                     budget,
+                    run: &mut run_charge,
+                    spend: spend(client, &reviewer),
                     rules,
                     on: &mut *on,
                 },
@@ -1019,6 +1145,9 @@ pub fn optimize(
             }
         }
     }
+    // What the last round spent reaches the run too.
+    let (spent, dollars) = spend(client, &reviewer);
+    run_charge.check(candidates, spent, dollars);
     out.spend = client.spend;
     if let Some(r) = reviewer {
         out.spend.requests += r.spend.requests;
@@ -1067,7 +1196,8 @@ pub fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> Kernel
 
 #[cfg(test)]
 mod tests {
-    use super::{improvement, Rules};
+    use super::{improvement, Rules, RunBudget, RunCharge, RunLimits, RunSpent};
+    use std::time::Duration;
     use kopt_engine::stats::{watchdog, ShapeComparison};
     use kopt_engine::verdict::{Failure, Fence, Verdict};
 
@@ -1089,6 +1219,61 @@ mod tests {
             compile_log: String::new(),
             seeds: vec![],
         }
+    }
+
+    #[test]
+    fn a_run_budget_is_charged_the_difference_and_names_the_limit_reached() {
+        let b = RunBudget::new(RunLimits {
+            tokens: Some(3000),
+            dollars: Some(1.0),
+            ..RunLimits::default()
+        });
+        let mut one = RunCharge {
+            budget: Some(&b),
+            candidates: 0,
+            tokens: 0,
+            dollars: 0.0,
+        };
+        let mut two = RunCharge {
+            budget: Some(&b),
+            candidates: 0,
+            tokens: 0,
+            dollars: 0.0,
+        };
+        assert_eq!(one.check(1, 1000, 0.25), None);
+        // A loop's totals are charged once: the same totals again add nothing.
+        assert_eq!(one.check(1, 1000, 0.25), None);
+        assert_eq!(two.check(2, 1500, 0.25), None);
+        assert_eq!(
+            b.spent(),
+            RunSpent {
+                candidates: 3,
+                tokens: 2500,
+                dollars: 0.5
+            }
+        );
+        assert_eq!(one.check(1, 1500, 0.3), Some("run's tokens"));
+        assert_eq!(
+            two.check(2, 1500, 0.25),
+            Some("run's tokens"),
+            "every loop sees it"
+        );
+        let unlimited = RunBudget::new(RunLimits::default());
+        assert!(unlimited.limits.is_unlimited());
+        unlimited.charge(1000, u64::MAX / 2, 1e9);
+        assert_eq!(unlimited.exhausted(), None);
+        let dollars = RunBudget::new(RunLimits {
+            dollars: Some(1.0),
+            ..RunLimits::default()
+        });
+        dollars.charge(0, 0, 1.0);
+        assert_eq!(dollars.exhausted(), Some("run's dollars"));
+        let wall = RunBudget::new(RunLimits {
+            wall: Some(Duration::ZERO),
+            ..RunLimits::default()
+        });
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(wall.exhausted(), Some("run's wall time"));
     }
 
     #[test]
