@@ -62,6 +62,16 @@ impl Evaluate for LoopEvaluator<'_> {
     }
 }
 
+impl LoopEvaluator<'_> {
+    /// Verifies `version` against the reference with figures measured now, never from
+    /// the cache: a starting point candidates are compared with, or its second timing.
+    pub fn evaluate_now(&mut self, version: &KernelVersion) -> Verdict {
+        let job = eval::job(self.g, self.k, version.clone(), None, &self.settings, true);
+        let ev = self.engine.evaluate_now(&job, &mut |_| {});
+        self.judge.judge(&ev.report)
+    }
+}
+
 /// Where the agents are, from `[agent]` tables (the user's configuration, the workspace's
 /// `Cargo.toml` and `kopt.toml`) and the environment.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -195,6 +205,9 @@ pub struct KernelResult {
     /// support a rationale); the other kernels of the run go on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending_refused: Option<String>,
+    /// The starting version timed twice, and the thresholds a win needed after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub noise: Option<TimingNoise>,
 }
 
 pub struct Options {
@@ -366,6 +379,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             dollars: 0.0,
             device: slot_ordinal,
             pending_refused: None,
+            noise: None,
         });
     }
     let ceilings = engine.ceilings(false).ok();
@@ -455,17 +469,49 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             &mut |m| progress(m),
         )
     };
+    // The same version timed twice: the noise between two jobs on this device now, which
+    // a win must clear.
+    let noise = timing_noise(k, start.as_ref(), &mut evaluator, &mut |m| progress(m));
+    let rules = match &noise {
+        Some(n) => {
+            let _ = run.journal().append(Event::Noise {
+                kernel: k.spec.name.clone(),
+                version: n.version.clone(),
+                deviations: n.deviations.clone(),
+            });
+            let r = Rules::default().above_noise(&n.deviations);
+            progress(&format!(
+                "{}: timing noise up to {:.1}% between two jobs of `{}`; a win needs {:.1}% on a shape or {:.1}% overall",
+                k.spec.name,
+                100.0 * n.largest(),
+                n.version,
+                100.0 * r.min_gain,
+                100.0 * r.min_uniform_gain
+            ));
+            r
+        }
+        None => Rules::default(),
+    };
     let task = Task {
         spec: &k.spec,
         reference: KernelVersion::reference(&k.spec, &k.reference.text),
         start,
         run_budget: Some(&run.run_budget).filter(|b| !b.limits.is_unlimited()),
         device: format!(
-            "{} ({}, {} SMs, {} MiB L2)",
+            "{} ({}, {} SMs, {} MiB L2){}",
             device.name,
             device.arch,
             device.multiprocessors,
-            device.l2_bytes >> 20
+            device.l2_bytes >> 20,
+            noise
+                .as_ref()
+                .map(|n| format!(
+                    "; timing noise: the same version timed in two jobs moved by up to {:.1}%, so a win needs {:.1}% on some shape or {:.1}% over all",
+                    100.0 * n.largest(),
+                    100.0 * rules.min_gain,
+                    100.0 * rules.min_uniform_gain
+                ))
+                .unwrap_or_default()
         ),
         ceilings: ceilings
             .as_ref()
@@ -493,7 +539,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         reviewer.as_mut(),
         &mut evaluator,
         &opts.budget,
-        &Rules::default(),
+        &rules,
         &mut |e| {
             match &e {
                 run::Event::Verdict { accepted: a, .. } => {
@@ -646,6 +692,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         dollars: outcome.spend.dollars,
         device: slot_ordinal,
         pending_refused: None,
+        noise,
     };
     if let Stop::Escalated { reason, suspicion } = &outcome.stop {
         let note = format!(
@@ -742,6 +789,75 @@ pub struct Winner<'a> {
 /// An accepted variant a winner had to beat, and its time per shape in the same run.
 pub type BaselineTimes = (Baseline, BTreeMap<String, f64>);
 
+/// The same version timed in two jobs: per declared shape, how far its time moved
+/// (second / first - 1).
+#[derive(Debug, Clone, Serialize)]
+pub struct TimingNoise {
+    /// The version timed twice: the loop's starting point.
+    pub version: String,
+    pub deviations: BTreeMap<String, f64>,
+}
+
+impl TimingNoise {
+    /// The largest deviation, either way.
+    pub fn largest(&self) -> f64 {
+        self.deviations.values().fold(0.0, |a, d| a.max(d.abs()))
+    }
+}
+
+/// Times the loop's starting version a second time, measured now: its first timing is the
+/// accepted variant's verification ([`starting_point`]), or for the reference a job of its
+/// own. `None` (and a progress line) when either job failed.
+fn timing_noise(
+    k: &Kernel,
+    start: Option<&run::Start>,
+    evaluator: &mut LoopEvaluator,
+    progress: &mut dyn FnMut(&str),
+) -> Option<TimingNoise> {
+    let times = |v: &Verdict| -> BTreeMap<String, f64> {
+        v.shapes
+            .iter()
+            .filter(|s| !s.held_out)
+            .filter_map(|s| Some((s.shape.clone(), s.candidate_us?)))
+            .collect()
+    };
+    let (version, first) = match start {
+        Some(s) => (s.version.clone(), s.verdict.clone()),
+        None => {
+            let r = KernelVersion::reference(&k.spec, &k.reference.text);
+            progress(&format!(
+                "{}: timing the reference twice, for the noise",
+                k.spec.name
+            ));
+            let v = evaluator.evaluate_now(&r);
+            (r, v)
+        }
+    };
+    let second = evaluator.evaluate_now(&version);
+    let (a, b) = (times(&first), times(&second));
+    let deviations: BTreeMap<String, f64> = a
+        .iter()
+        .filter_map(|(shape, t0)| Some((shape.clone(), b.get(shape)? / t0 - 1.0)))
+        .filter(|(_, d)| d.is_finite())
+        .collect();
+    if !first.accepted || !second.accepted || deviations.is_empty() {
+        progress(&format!(
+            "{}: the noise was not measured ({}): the loop's default thresholds apply",
+            k.spec.name,
+            [&first, &second]
+                .iter()
+                .find(|v| !v.accepted)
+                .map(|v| v.summary().lines().next().unwrap_or("").to_string())
+                .unwrap_or_else(|| "no timed shape".into())
+        ));
+        return None;
+    }
+    Some(TimingNoise {
+        version: version.id.clone(),
+        deviations,
+    })
+}
+
 /// The accepted variant of `arch` a kernel's loop starts from, verified again on this
 /// device: the one variant accepted there for every shape. None (the reference) when no
 /// variant is accepted for `arch`, when the accepted one claims only a region (a
@@ -780,7 +896,7 @@ pub fn starting_point(
         "{name}: verifying the accepted `{variant}`, the loop's starting point"
     ));
     let version = eval::version(usable);
-    let verdict = evaluator.evaluate(&version, None);
+    let verdict = evaluator.evaluate_now(&version);
     record(Event::Baseline {
         kernel: name.clone(),
         variant: variant.clone(),

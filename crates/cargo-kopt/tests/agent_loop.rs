@@ -1052,3 +1052,89 @@ fn the_run_budget_is_shared_by_the_kernels_of_a_run() {
         kopt_tests::text(&o)
     );
 }
+
+#[test]
+fn a_win_must_clear_the_timing_noise_measured_in_the_run() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    // 4.5% faster than the reference on every shape.
+    let agent = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.045")));
+    let optimize = |run_id: &str| {
+        let o = ws
+            .kopt_on_fake(
+                Path::new(env!("CARGO_BIN_EXE_cargo-kopt")),
+                &[
+                    "optimize",
+                    "softmax",
+                    "--no-ncu",
+                    "--agent",
+                    &agent,
+                    "--budget",
+                    "rounds=1",
+                    "--run",
+                    run_id,
+                    "--message-format",
+                    "json",
+                ],
+            )
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", kopt_tests::text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let journal = std::fs::read_to_string(
+            ws.root
+                .join(format!("target/kopt/runs/{run_id}/journal.jsonl")),
+        )
+        .unwrap();
+        (v, journal)
+    };
+    // A quiet device: the starting version (the accepted variant) moves by nothing between
+    // two jobs, and 4.5% is a win.
+    let (v, journal) = optimize("quiet");
+    let k = &v["kernels"][0];
+    assert_eq!(k["noise"]["version"], "run-1795985295-r1c1", "{v}");
+    assert!(k["noise"]["deviations"]
+        .as_object()
+        .unwrap()
+        .values()
+        .all(|d| d.as_f64() == Some(0.0)));
+    assert_eq!(k["pending"], "llm-kernels/softmax/sm_90", "{v}");
+    assert!(journal.contains("\"event\":\"noise\""), "{journal}");
+
+    // The reference's time now moves by 4% between two jobs (the fake device's jitter;
+    // the accepted variant is stale after the edit, so the loop starts from the
+    // reference): 4.5% is within twice the noise, and not a win.
+    let cu = ws.krate.join("kernels/softmax.cu");
+    let text = std::fs::read_to_string(&cu).unwrap();
+    std::fs::write(&cu, format!("{text}\n// kopt-fake: jitter 0.02\n")).unwrap();
+    let (v, journal) = optimize("noisy");
+    let k = &v["kernels"][0];
+    assert_eq!(k["noise"]["version"], "reference", "{v}");
+    let largest = k["noise"]["deviations"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|d| d.as_f64().unwrap().abs())
+        .fold(0.0, f64::max);
+    // 1.02 / 0.98 or 0.98 / 1.02, as the worker's evaluations of the reference fall.
+    assert!((0.039..0.041).contains(&largest), "{largest}");
+    assert_eq!(k["pending"], serde_json::Value::Null, "{v}\n{journal}");
+    assert_eq!(k["accepted"], 1, "it passed every fence: {v}");
+    let session = std::fs::read_to_string(
+        ws.root
+            .join("target/kopt/runs/noisy/sessions/softmax.jsonl"),
+    )
+    .unwrap();
+    assert!(
+        session.contains("timing noise: the same version timed in two jobs moved by up to 4.")
+            && session.contains(", so a win needs 8.2% on some shape"),
+        "the agent is told: {}",
+        session
+            .split("timing noise")
+            .nth(1)
+            .unwrap_or(&session)
+            .chars()
+            .take(600)
+            .collect::<String>()
+    );
+}

@@ -417,6 +417,26 @@ impl LoopBest {
     }
 }
 
+impl Rules {
+    /// The rules with their gains raised above the measured timing noise: `deviations`
+    /// is, per shape, how far the same version's time moved between two jobs (`0.01`:
+    /// 1%). A win must then be at least twice the largest deviation on some shape, or
+    /// twice the mean deviation in geometric mean, so that the noise alone cannot make one.
+    pub fn above_noise(&self, deviations: &BTreeMap<String, f64>) -> Rules {
+        let logs: Vec<f64> = deviations.values().map(|d| (1.0 + d).ln().abs()).collect();
+        if logs.is_empty() {
+            return self.clone();
+        }
+        let largest = logs.iter().copied().fold(0.0, f64::max).exp() - 1.0;
+        let mean = (logs.iter().sum::<f64>() / logs.len() as f64).exp() - 1.0;
+        Rules {
+            min_gain: self.min_gain.max(2.0 * largest),
+            min_uniform_gain: self.min_uniform_gain.max(2.0 * mean),
+            ..self.clone()
+        }
+    }
+}
+
 /// The loop's rule for a new best: every fence passed, and faster than the current best
 /// by more than `rules.min_gain` on some shape (returns that largest per-shape gain), or
 /// not slower on any shape and faster by more than `rules.min_uniform_gain` in geometric
@@ -1197,9 +1217,10 @@ pub fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> Kernel
 #[cfg(test)]
 mod tests {
     use super::{improvement, Rules, RunBudget, RunCharge, RunLimits, RunSpent};
-    use std::time::Duration;
     use kopt_engine::stats::{watchdog, ShapeComparison};
     use kopt_engine::verdict::{Failure, Fence, Verdict};
+    use std::collections::BTreeMap;
+    use std::time::Duration;
 
     /// A verdict that passed every fence, with (shape, best µs, candidate µs) per shape.
     fn verdict(times: &[(&str, f64, f64)]) -> Verdict {
@@ -1219,6 +1240,35 @@ mod tests {
             compile_log: String::new(),
             seeds: vec![],
         }
+    }
+
+    #[test]
+    fn the_gains_a_win_needs_rise_above_the_measured_noise() {
+        let quiet: BTreeMap<String, f64> =
+            [("a".to_string(), 0.002), ("b".to_string(), -0.004)].into();
+        let r = Rules::default().above_noise(&quiet);
+        assert_eq!(
+            (r.min_gain, r.min_uniform_gain),
+            (0.03, 0.01),
+            "quiet: the defaults"
+        );
+        let noisy: BTreeMap<String, f64> =
+            [("a".to_string(), 0.025), ("b".to_string(), -0.005)].into();
+        let r = Rules::default().above_noise(&noisy);
+        assert!((r.min_gain - 0.05).abs() < 1e-3, "{}", r.min_gain);
+        assert!(
+            (r.min_uniform_gain - 0.03).abs() < 1e-3,
+            "{}",
+            r.min_uniform_gain
+        );
+        // A candidate 4% faster on one shape won on the quiet device, not on this one.
+        let v = verdict(&[("a", 100.0, 96.0), ("b", 100.0, 100.0)]);
+        assert!(improvement(&v, &Rules::default()).is_some());
+        assert!(improvement(&v, &r).is_none());
+        assert_eq!(
+            Rules::default().above_noise(&BTreeMap::new()).min_gain,
+            0.03
+        );
     }
 
     #[test]

@@ -96,6 +96,23 @@ impl Engine {
         }
     }
 
+    /// Evaluates `job` now, whatever the cache holds (the result is cached as usual): for
+    /// figures that must come from this session, such as a baseline candidates are
+    /// compared with, or the same version timed twice to measure the noise.
+    pub fn evaluate_now(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> Evaluation {
+        let report = self.worker.evaluate(job, progress);
+        let dev = self.device();
+        if let (Ok(r), Some(c), Ok(dev)) = (&report, &self.cache, dev) {
+            if r.fault.is_none() {
+                let _ = c.put(&cache::key(job, &dev), r);
+            }
+        }
+        Evaluation {
+            report,
+            cached: false,
+        }
+    }
+
     /// Times a one-launch copy of each byte count on the device (not cached: it is a
     /// measurement of this moment, like the bench it serves).
     pub fn copy_times(

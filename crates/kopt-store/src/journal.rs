@@ -88,6 +88,13 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
         times_us: std::collections::BTreeMap<String, f64>,
     },
+    /// The loop's starting version timed in two jobs: per declared shape, how far its
+    /// time moved (second / first - 1). A win must clear twice that.
+    Noise {
+        kernel: String,
+        version: String,
+        deviations: std::collections::BTreeMap<String, f64>,
+    },
     /// A profile of the reference or a candidate.
     Profile {
         kernel: String,

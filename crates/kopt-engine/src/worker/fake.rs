@@ -17,6 +17,9 @@
 //! // kopt-fake: wrong-if TOKEN BUFFER    BUFFER is wrong when the version matches TOKEN
 //! // kopt-fake: time-table TOKEN:F ...   a timing model over defines and options (below)
 //! // kopt-fake: max-active-clusters N   launches with a cluster hold N clusters at once
+//! // kopt-fake: jitter F                the candidate's time is (1 + F) times the model's
+//! //                                    on odd evaluations of this job by this worker,
+//! //                                    (1 - F) on even ones: timing noise between jobs
 //! ```
 //!
 //! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs; a one-launch copy
@@ -56,6 +59,8 @@ use crate::stats::summarise;
 pub struct FakeBackend {
     compiled: BTreeMap<String, ()>,
     device: DeviceInfo,
+    /// Evaluations so far of each candidate source (for `jitter`).
+    evaluations: BTreeMap<String, u64>,
 }
 
 impl FakeBackend {
@@ -68,6 +73,7 @@ impl FakeBackend {
         FakeBackend {
             compiled: BTreeMap::new(),
             device: fake_device_on(ordinal),
+            evaluations: BTreeMap::new(),
         }
     }
 }
@@ -312,6 +318,18 @@ impl Backend for FakeBackend {
         {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
+        let nth = {
+            let n = self
+                .evaluations
+                .entry(crate::cache::hash_parts(&[&job.candidate.source]))
+                .or_insert(0);
+            *n += 1;
+            *n
+        };
+        let jitter = d
+            .get("jitter")
+            .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
+            .map_or(1.0, |f| if nth % 2 == 1 { 1.0 + f } else { 1.0 - f });
         for case in &job.shapes {
             progress(&format!("shape {}", case.label));
             if d.get("crash").is_some() {
@@ -472,7 +490,7 @@ impl Backend for FakeBackend {
                 candidate: Some(LaunchFigures {
                     geometry: cg,
                     occupancy: occupancy(&cg),
-                    timing: timing(ref_us * factor),
+                    timing: timing(ref_us * factor * jitter),
                 }),
             });
         }
