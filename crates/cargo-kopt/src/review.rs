@@ -273,6 +273,16 @@ pub fn render(
             .map_or("every shape".to_string(), |x| format!("`{x}`")),
         dim()
     )?;
+    if let Some(b) = &m.baseline {
+        writeln!(
+            out,
+            "{}had to beat `{}`, accepted for {} when the run started{:#}",
+            dim(),
+            b.variant,
+            m.arch,
+            dim()
+        )?;
+    }
     writeln!(out, "\n{}", r.summary)?;
 
     heading(out, &format!("Diagnosis: {}", r.diagnosis.bottleneck))?;

@@ -993,6 +993,26 @@ fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
         rationale.contains("The optimisation loop started from `fast`, the variant accepted for sm_90, verified again in the same run (1.10x in geometric mean"),
         "{rationale}"
     );
+    // The reviewer sees it before deciding.
+    let mut review = ws
+        .kopt_on_fake(
+            Path::new(env!("CARGO_BIN_EXE_cargo-kopt")),
+            &["review", "softmax"],
+        )
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(review.stdin.as_mut().unwrap(), b"q\n").unwrap();
+    let o = review.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout)
+            .contains("had to beat `fast`, accepted for sm_90 when the run started"),
+        "{}",
+        kopt_tests::text(&o)
+    );
 }
 
 #[test]
