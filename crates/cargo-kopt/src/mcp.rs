@@ -84,6 +84,8 @@ struct KernelState {
     started: bool,
     /// The accepted variant the session started from, with its times in this session.
     baseline: Option<optimize::BaselineTimes>,
+    /// The starting version timed twice (see `cargo kopt optimize`): a win must clear it.
+    noise: Option<optimize::TimingNoise>,
     /// The current best verified candidate (`None`: the reference).
     best: Option<Best>,
     history: Vec<Feedback>,
@@ -303,17 +305,15 @@ impl Session {
         });
     }
 
-    /// Settles where a kernel's session starts, once: as `cargo kopt optimize` does, from
+    /// Settles where a kernel's session starts, once, as `cargo kopt optimize` does: from
     /// the variant accepted for the GPU's architecture (verified again) unless
-    /// `--from-reference`.
+    /// `--from-reference`, and with the starting version timed twice for the noise.
     fn start(&mut self, name: &str) -> Result<(), ErrorData> {
         if self.kernels.get(name).is_some_and(|s| s.started) {
             return Ok(());
         }
         self.kernels.entry(name.to_string()).or_default().started = true;
-        if self.cfg.from_reference {
-            return Ok(());
-        }
+        let from_reference = self.cfg.from_reference;
         let settings = self.cfg.settings.clone();
         self.engine()?;
         let Session {
@@ -332,16 +332,29 @@ impl Session {
             settings,
             last_job: None,
         };
-        let (start, baseline) = optimize::starting_point(
-            k,
-            &device.arch,
-            &mut evaluator,
-            &mut |e| {
-                let _ = journal.append(e);
-            },
-            &mut |_| {},
-        );
+        let (start, baseline) = if from_reference {
+            (None, None)
+        } else {
+            optimize::starting_point(
+                k,
+                &device.arch,
+                &mut evaluator,
+                &mut |e| {
+                    let _ = journal.append(e);
+                },
+                &mut |_| {},
+            )
+        };
+        let noise = optimize::timing_noise(k, start.as_ref(), &mut evaluator, &mut |_| {});
+        if let Some(n) = &noise {
+            let _ = journal.append(Event::Noise {
+                kernel: name.to_string(),
+                version: n.version.clone(),
+                deviations: n.deviations.clone(),
+            });
+        }
         let state = self.kernels.entry(name.to_string()).or_default();
+        state.noise = noise;
         if let (Some(s), Some(b)) = (start, baseline) {
             state.best = Some(Best {
                 id: b.0.variant.clone(),
@@ -351,6 +364,19 @@ impl Session {
             state.baseline = Some(b);
         }
         Ok(())
+    }
+
+    /// The rule for a new best of this kernel: the session's minimum gain, raised above
+    /// the noise measured at its start.
+    fn rules(&self, name: &str) -> kopt_agent::run::Rules {
+        let rules = kopt_agent::run::Rules {
+            min_gain: self.cfg.limits.min_gain,
+            ..kopt_agent::run::Rules::default()
+        };
+        match self.kernels.get(name).and_then(|s| s.noise.as_ref()) {
+            Some(n) => rules.above_noise(&n.deviations),
+            None => rules,
+        }
     }
 
     fn best_version(&self, k: &Kernel) -> (String, KernelVersion) {
@@ -450,6 +476,11 @@ impl Session {
         self.profile_reference(name)?;
         self.start(name)?;
         let (device, ceilings) = self.device_line()?;
+        let rules = self.rules(name);
+        let device = match self.kernels.get(name).and_then(|s| s.noise.as_ref()) {
+            Some(n) => format!("{device}; {}", n.describe(&rules)),
+            None => device,
+        };
         let k = self.kernel(name)?;
         let (best_label, best) = self.best_version(k);
         let state = self.kernels.get(name);
@@ -638,11 +669,9 @@ impl Session {
             detail: verdict.summary(),
             times_us: verdict.candidate_times(),
         });
-        // The loop's rule for a new best, with this session's minimum gain.
-        let rules = kopt_agent::run::Rules {
-            min_gain: limits.min_gain,
-            ..kopt_agent::run::Rules::default()
-        };
+        // The loop's rule for a new best, with this session's minimum gain, raised above
+        // the noise measured when the kernel's session started.
+        let rules = self.rules(&a.kernel);
         let improved = verdict.accepted && kopt_agent::run::improvement(&verdict, &rules).is_some();
         let mut pending = None;
         if improved {
@@ -699,6 +728,8 @@ impl Session {
         let mut v = layered(&id, &verdict, &fb);
         v["against"] = json!(best_label);
         v["improved"] = json!(improved);
+        v["a_win_needs"] =
+            json!({ "on_some_shape": rules.min_gain, "over_all_shapes": rules.min_uniform_gain });
         v["speedup_over_reference"] = json!(geo_speedup(&verdict));
         v["pending"] = json!(pending);
         v["budget_left"] = self.budget_left();

@@ -505,12 +505,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             device.l2_bytes >> 20,
             noise
                 .as_ref()
-                .map(|n| format!(
-                    "; timing noise: the same version timed in two jobs moved by up to {:.1}%, so a win needs {:.1}% on some shape or {:.1}% over all",
-                    100.0 * n.largest(),
-                    100.0 * rules.min_gain,
-                    100.0 * rules.min_uniform_gain
-                ))
+                .map(|n| format!("; {}", n.describe(&rules)))
                 .unwrap_or_default()
         ),
         ceilings: ceilings
@@ -803,12 +798,22 @@ impl TimingNoise {
     pub fn largest(&self) -> f64 {
         self.deviations.values().fold(0.0, |a, d| a.max(d.abs()))
     }
+
+    /// What the agent's context says of it, with the thresholds it led to.
+    pub fn describe(&self, rules: &Rules) -> String {
+        format!(
+            "timing noise: the same version timed in two jobs moved by up to {:.1}%, so a win needs {:.1}% on some shape or {:.1}% over all",
+            100.0 * self.largest(),
+            100.0 * rules.min_gain,
+            100.0 * rules.min_uniform_gain
+        )
+    }
 }
 
 /// Times the loop's starting version a second time, measured now: its first timing is the
 /// accepted variant's verification ([`starting_point`]), or for the reference a job of its
 /// own. `None` (and a progress line) when either job failed.
-fn timing_noise(
+pub fn timing_noise(
     k: &Kernel,
     start: Option<&run::Start>,
     evaluator: &mut LoopEvaluator,

@@ -134,6 +134,14 @@ async fn an_agent_drives_the_verified_loop_over_stdio() {
         .variant
         .clone();
     assert_eq!(ctx["current_best"], json!(accepted), "{ctx:#}");
+    assert!(
+        ctx["device"]
+            .as_str()
+            .unwrap()
+            .contains("timing noise: the same version timed in two jobs moved by up to 0.0%, so a win needs 3.0% on some shape"),
+        "the starting version was timed twice: {}",
+        ctx["device"]
+    );
     assert!(ctx["prompt"].as_str().unwrap().contains("rmsnorm_f16"));
 
     let profiled = call(
@@ -184,6 +192,7 @@ async fn an_agent_drives_the_verified_loop_over_stdio() {
     .unwrap();
     assert_eq!(v["accepted"], json!(true), "{v:#}");
     assert_eq!(v["improved"], json!(true), "{v:#}");
+    assert_eq!(v["a_win_needs"]["on_some_shape"], json!(0.03), "{v:#}");
     let pending = v["pending"].as_str().expect("saved as pending").to_string();
     assert!(pending.contains("rmsnorm"), "{pending}");
     let id = v["candidate"].as_str().unwrap().to_string();
