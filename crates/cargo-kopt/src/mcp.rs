@@ -21,7 +21,7 @@ use kopt_agent::proposal::{self, Proposal, ProposalSet, Resolved};
 use kopt_agent::run;
 use kopt_engine::engine::Engine;
 use kopt_engine::job::KernelVersion;
-use kopt_engine::verdict::{Judge, Verdict};
+use kopt_engine::verdict::Verdict;
 use kopt_profile::collect::NcuChoice;
 use kopt_search::strategy::StrategyKind;
 use kopt_store::journal::{Event, Journal};
@@ -322,16 +322,7 @@ impl Session {
         let k = commands::find(g, name).map_err(|e| invalid(e.to_string()))?;
         let engine = engine.as_mut().expect("started above");
         let device = engine.device().map_err(|e| internal(e.to_string()))?;
-        let mut judge = Judge::new(engine.ceilings(false).ok());
-        judge.threshold = settings.threshold;
-        let mut evaluator = LoopEvaluator {
-            g,
-            k,
-            engine,
-            judge,
-            settings,
-            last_job: None,
-        };
+        let mut evaluator = LoopEvaluator::new(g, k, engine, settings);
         let (start, baseline) = if from_reference {
             (None, None)
         } else {
@@ -648,16 +639,7 @@ impl Session {
         let engine = engine.as_mut().expect("started above");
         let ceilings = engine.ceilings(false).ok();
         let device = engine.device().map_err(|e| internal(e.to_string()))?;
-        let mut judge = Judge::new(ceilings.clone());
-        judge.threshold = settings.threshold;
-        let mut evaluator = LoopEvaluator {
-            g,
-            k,
-            engine,
-            judge,
-            settings,
-            last_job: None,
-        };
+        let mut evaluator = LoopEvaluator::new(g, k, engine, settings);
         let verdict = run::Evaluate::evaluate(&mut evaluator, &version, best_us.as_ref());
         let job = evaluator.last_job.take();
         let fb = run::feedback(self.proposals, &id, &verdict);

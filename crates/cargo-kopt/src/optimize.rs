@@ -62,7 +62,22 @@ impl Evaluate for LoopEvaluator<'_> {
     }
 }
 
-impl LoopEvaluator<'_> {
+impl<'a> LoopEvaluator<'a> {
+    /// The evaluator of `k` on `engine`'s device: its judge with the device's ceilings and
+    /// the watchdog threshold of `settings` (`--threshold`).
+    pub fn new(g: &'a Gathered, k: &'a Kernel, engine: &'a mut Engine, settings: Settings) -> Self {
+        let mut judge = Judge::new(engine.ceilings(false).ok());
+        judge.threshold = settings.threshold;
+        LoopEvaluator {
+            g,
+            k,
+            engine,
+            judge,
+            settings,
+            last_job: None,
+        }
+    }
+
     /// Verifies `version` against the reference with figures measured now, never from
     /// the cache: a starting point candidates are compared with, or its second timing.
     pub fn evaluate_now(&mut self, version: &KernelVersion) -> Verdict {
@@ -448,14 +463,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             artefacts: vec![format!("profile/{}/snapshot.json", k.spec.name)],
         });
     }
-    let mut evaluator = LoopEvaluator {
-        g,
-        k,
-        engine,
-        judge: Judge::new(ceilings.clone()),
-        settings,
-        last_job: None,
-    };
+    let mut evaluator = LoopEvaluator::new(g, k, engine, settings);
     let (start, baseline) = if opts.from_reference {
         (None, None)
     } else {

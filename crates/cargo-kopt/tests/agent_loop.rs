@@ -959,6 +959,12 @@ fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
         "the agent is shown the accepted variant's source as the current best"
     );
 
+    // With a looser watchdog (`--threshold 10`: 10% slower than the best passes) the same
+    // candidate passes every fence, and is still no win.
+    let v = optimize(&slower, "loose", &["--threshold", "10"]);
+    assert_eq!(v["kernels"][0]["pending"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["kernels"][0]["accepted"], 1, "{v}");
+
     // From the reference, the same candidate wins.
     let v = optimize(&slower, "from-reference", &["--from-reference"]);
     assert_eq!(
