@@ -306,7 +306,8 @@ pub fn optimize(r: &crate::optimize::RunResult) {
     // Which GPU ran a kernel matters only when there were several.
     let several = results.iter().any(|r| r.device != results[0].device);
     let mut headers = vec![
-        "kernel", "rounds", "accepted", "rejected", "best", "stopped", "pending", "tokens", "cost",
+        "kernel", "rounds", "accepted", "rejected", "best", "stopped", "pending", "noise",
+        "tokens", "cost",
     ];
     if several {
         headers.push("gpu");
@@ -336,6 +337,13 @@ pub fn optimize(r: &crate::optimize::RunResult) {
                     } else {
                         "–".into()
                     }
+                }),
+                Style::new(),
+            ),
+            (
+                // How far the starting version's time moved between two jobs.
+                opt(r.noise.as_ref().map(|n| n.largest()), |n| {
+                    format!("±{:.1}%", 100.0 * n)
                 }),
                 Style::new(),
             ),
