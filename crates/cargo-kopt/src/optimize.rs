@@ -347,6 +347,7 @@ pub fn optimize(
         ),
     });
     Ok(RunResult {
+        dir: shared.run_dir.clone(),
         run: run_id,
         kernels: results,
         spent,
@@ -358,6 +359,8 @@ pub fn optimize(
 #[derive(Debug, Serialize)]
 pub struct RunResult {
     pub run: String,
+    /// The run's folder: its journal, recorded sessions and escalation notes.
+    pub dir: PathBuf,
     pub kernels: Vec<KernelResult>,
     pub spent: run::RunSpent,
 }

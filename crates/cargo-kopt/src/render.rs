@@ -12,6 +12,14 @@ fn style(c: AnsiColor) -> Style {
     Style::new().fg_color(Some(c.into()))
 }
 
+/// A path as people read it: relative to the current folder when it is below it.
+fn shown(p: &std::path::Path) -> String {
+    std::env::current_dir()
+        .ok()
+        .and_then(|d| p.strip_prefix(d).ok().map(|r| r.display().to_string()))
+        .unwrap_or_else(|| p.display().to_string())
+}
+
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.filter(|x| x.is_finite())
         .map(f)
@@ -365,7 +373,11 @@ pub fn optimize(r: &crate::optimize::RunResult) {
         );
     }
     for e in results.iter().filter_map(|r| r.escalation.as_ref()) {
-        let _ = writeln!(out, "escalation note: target/kopt/runs/{run_id}/{e}");
+        let _ = writeln!(out, "escalation note: {}", shown(&r.dir.join(e)));
     }
-    let _ = writeln!(out, "run {run_id}: journal and recorded sessions in target/kopt/runs/{run_id}/; review the winners with `cargo kopt review`");
+    let _ = writeln!(
+        out,
+        "run {run_id}: journal and recorded sessions in {}/; review the winners with `cargo kopt review`",
+        shown(&r.dir)
+    );
 }
