@@ -841,8 +841,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let server = cargo_kopt::mcp::KoptMcp::new(gathered, cfg)?;
             // Standard output carries the protocol: people read standard error.
             eprintln!(
-                "cargo kopt mcp: serving over stdio; journal in target/kopt/runs/{}/",
-                server.run_id()
+                "cargo kopt mcp: serving over stdio; journal in {}/",
+                server.run_dir().display()
             );
             cargo_kopt::mcp::serve_stdio(server)?;
             Ok(ExitCode::SUCCESS)

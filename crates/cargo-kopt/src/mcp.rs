@@ -926,6 +926,11 @@ impl KoptMcp {
         self.lock().journal.run_id().to_string()
     }
 
+    /// The session's run folder: its journal and artefacts.
+    pub fn run_dir(&self) -> std::path::PathBuf {
+        self.lock().journal.dir().to_path_buf()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Session> {
         // A panicking tool leaves the session as it was before the call.
         self.session.lock().unwrap_or_else(|p| p.into_inner())
