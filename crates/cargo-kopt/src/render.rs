@@ -290,6 +290,9 @@ pub fn bench(file: &BenchFile) {
     if let Some(m) = rows.iter().find_map(|r| r.method.clone()) {
         let _ = writeln!(out, "timing: median per launch ({m}); % copy bw: ideal bytes / time against the measured device-to-device copy");
     }
+    if let Some(m) = file.memory_bound_summary() {
+        let _ = writeln!(out, "{}", m.describe());
+    }
     match &file.same_size_copy {
         Some(c) if c.starts_with("not measured") => {
             let _ = writeln!(out, "% same-size copy: {c}");

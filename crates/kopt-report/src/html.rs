@@ -102,6 +102,13 @@ fn empty(o: &mut String, why: &str) {
     let _ = writeln!(o, "<p class=\"empty\">{}</p>", esc(why));
 }
 
+fn capitalise(s: &str) -> String {
+    let mut c = s.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map(f).unwrap_or_else(|| "n/a".into())
 }
@@ -143,6 +150,13 @@ fn performance(o: &mut String, bench: Option<&BenchFile>) {
             o,
             "<p class=\"muted\">% same-size copy: the time of one launch that copies the shape's ideal bytes, over the active version's; it counts the launch and latency a small shape cannot avoid ({}).</p>",
             esc(c)
+        );
+    }
+    if let Some(m) = b.memory_bound_summary() {
+        let _ = writeln!(
+            o,
+            "<p><strong>{}.</strong></p>",
+            esc(&capitalise(&m.describe()))
         );
     }
     o.push_str("<div class=\"grid2\">\n");

@@ -65,6 +65,31 @@ impl BenchRow {
     }
 }
 
+/// Shapes that move at least this many ideal bytes are "large" in
+/// [`MemoryBoundSummary`]: 64 MiB, well past the H200's 60 MiB L2, where a kernel can
+/// stream at the copy bandwidth.
+pub const LARGE_BYTES: u64 = 64 << 20;
+
+/// How the memory-bound shapes of a bench stand against their roof: geometric means of the
+/// share of the measured copy bandwidth (over every such shape, and over the large ones)
+/// and of the share of a same-size one-launch copy. A shape is memory-bound when its
+/// roofline share is the bandwidth's ([`BenchRow::roofline_pct`]); failed rows are left
+/// out.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryBoundSummary {
+    pub shapes: usize,
+    pub copy_bw_pct: f64,
+    pub large_shapes: usize,
+    pub large_copy_bw_pct: Option<f64>,
+    pub same_size_shapes: usize,
+    pub same_size_copy_pct: Option<f64>,
+}
+
+fn geomean(xs: &[f64]) -> Option<f64> {
+    (!xs.is_empty() && xs.iter().all(|x| *x > 0.0))
+        .then(|| (xs.iter().map(|x| x.ln()).sum::<f64>() / xs.len() as f64).exp())
+}
+
 /// The output of `cargo kopt bench --message-format json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchFile {
@@ -74,6 +99,63 @@ pub struct BenchFile {
     /// How the same-size copies were timed, or why they were not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub same_size_copy: Option<String>,
+}
+
+impl BenchFile {
+    /// The memory-bound shapes' standing (see [`MemoryBoundSummary`]); `None` without any.
+    pub fn memory_bound_summary(&self) -> Option<MemoryBoundSummary> {
+        let rows: Vec<(&BenchRow, f64)> = self
+            .rows
+            .iter()
+            .filter(|r| r.problem.is_none())
+            .filter_map(|r| match r.roofline_pct() {
+                Some((_, "bw")) => Some((r, r.copy_bandwidth_pct?)),
+                _ => None,
+            })
+            .collect();
+        let all: Vec<f64> = rows.iter().map(|(_, p)| *p).collect();
+        let large: Vec<f64> = rows
+            .iter()
+            .filter(|(r, _)| r.bytes.is_some_and(|b| b >= LARGE_BYTES))
+            .map(|(_, p)| *p)
+            .collect();
+        let same: Vec<f64> = rows
+            .iter()
+            .filter_map(|(r, _)| r.same_size_copy_pct)
+            .collect();
+        Some(MemoryBoundSummary {
+            shapes: all.len(),
+            copy_bw_pct: geomean(&all)?,
+            large_shapes: large.len(),
+            large_copy_bw_pct: geomean(&large),
+            same_size_shapes: same.len(),
+            same_size_copy_pct: geomean(&same),
+        })
+    }
+}
+
+impl MemoryBoundSummary {
+    /// One sentence for people.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "memory-bound shapes: {:.1}% of the copy bandwidth in geometric mean over all {}",
+            self.copy_bw_pct, self.shapes
+        );
+        if let Some(l) = self.large_copy_bw_pct {
+            s += &format!(
+                ", {l:.1}% over the {} that move {} MiB or more",
+                self.large_shapes,
+                LARGE_BYTES >> 20
+            );
+        }
+        if let Some(c) = self.same_size_copy_pct {
+            s += &format!(
+                "; {c:.1}% of a same-size one-launch copy over {}",
+                self.same_size_shapes
+            );
+        }
+        s
+    }
 }
 
 /// The part of `cargo kopt search-bench --json-out FILE` the report shows.

@@ -264,3 +264,29 @@ fn the_charts_render_in_headless_chromium() {
         "reference bars: {bars} pixels in the first 1200 rows"
     );
 }
+
+#[test]
+fn the_memory_bound_summary_of_an_h200_bench() {
+    // One round of the suite on the H200: the GEMM's share is the matrix peak's, so the
+    // other 23 shapes are the memory-bound ones (as docs/runs/2026-11-29-h200-dsmem-merge/
+    // TABLE.md counts them over four rounds: 36.4%, 93.0% and 83.6% in medians).
+    let b = input::read_bench(
+        &repo().join("docs/runs/2026-11-29-h200-dsmem-merge/rounds/bench-3.json"),
+    )
+    .unwrap();
+    let m = b.memory_bound_summary().unwrap();
+    let round1 = |x: f64| (x * 10.0).round() / 10.0;
+    assert_eq!((m.shapes, m.large_shapes, m.same_size_shapes), (23, 14, 23));
+    assert_eq!(round1(m.copy_bw_pct), 36.4);
+    assert_eq!(m.large_copy_bw_pct.map(round1), Some(93.2));
+    assert_eq!(m.same_size_copy_pct.map(round1), Some(83.4));
+    assert_eq!(
+        m.describe(),
+        "memory-bound shapes: 36.4% of the copy bandwidth in geometric mean over all 23, 93.2% over the 14 that move 64 MiB or more; 83.4% of a same-size one-launch copy over 23"
+    );
+    let html = render(&Report {
+        bench: Some(b),
+        ..fixture()
+    });
+    assert!(html.contains("<p><strong>Memory-bound shapes: 36.4% of the copy bandwidth"));
+}
