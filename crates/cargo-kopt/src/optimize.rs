@@ -220,7 +220,7 @@ pub struct KernelResult {
     /// support a rationale); the other kernels of the run go on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending_refused: Option<String>,
-    /// The starting version timed twice, and the thresholds a win needed after it.
+    /// The starting version timed in two jobs: how far each shape's time moved.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub noise: Option<TimingNoise>,
 }
