@@ -323,27 +323,20 @@ impl Session {
         let engine = engine.as_mut().expect("started above");
         let device = engine.device().map_err(|e| internal(e.to_string()))?;
         let mut evaluator = LoopEvaluator::new(g, k, engine, settings);
-        let (start, baseline) = if from_reference {
-            (None, None)
-        } else {
-            optimize::starting_point(
-                k,
-                &device.arch,
-                &mut evaluator,
-                &mut |e| {
-                    let _ = journal.append(e);
-                },
-                &mut |_| {},
-            )
-        };
-        let noise = optimize::timing_noise(k, start.as_ref(), &mut evaluator, &mut |_| {});
-        if let Some(n) = &noise {
-            let _ = journal.append(Event::Noise {
-                kernel: name.to_string(),
-                version: n.version.clone(),
-                deviations: n.deviations.clone(),
-            });
-        }
+        let optimize::Starting {
+            start,
+            baseline,
+            noise,
+        } = optimize::settle_start(
+            k,
+            &device.arch,
+            from_reference,
+            &mut evaluator,
+            &mut |e| {
+                let _ = journal.append(e);
+            },
+            &mut |_| {},
+        );
         let state = self.kernels.entry(name.to_string()).or_default();
         state.noise = noise;
         if let (Some(s), Some(b)) = (start, baseline) {

@@ -467,29 +467,22 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         });
     }
     let mut evaluator = LoopEvaluator::new(g, k, engine, settings);
-    let (start, baseline) = if opts.from_reference {
-        (None, None)
-    } else {
-        starting_point(
-            k,
-            &device.arch,
-            &mut evaluator,
-            &mut |e| {
-                let _ = run.journal().append(e);
-            },
-            &mut |m| progress(m),
-        )
-    };
-    // The same version timed twice: the noise between two jobs on this device now, which
-    // a win must clear.
-    let noise = timing_noise(k, start.as_ref(), &mut evaluator, &mut |m| progress(m));
+    let Starting {
+        start,
+        baseline,
+        noise,
+    } = settle_start(
+        k,
+        &device.arch,
+        opts.from_reference,
+        &mut evaluator,
+        &mut |e| {
+            let _ = run.journal().append(e);
+        },
+        &mut |m| progress(m),
+    );
     let rules = match &noise {
         Some(n) => {
-            let _ = run.journal().append(Event::Noise {
-                kernel: k.spec.name.clone(),
-                version: n.version.clone(),
-                deviations: n.deviations.clone(),
-            });
             let r = Rules::default().above_noise(&n.deviations);
             progress(&format!(
                 "{}: timing noise up to {:.1}% between two jobs of `{}`; a win needs {:.1}% on a shape or {:.1}% overall",
@@ -795,6 +788,48 @@ pub struct Winner<'a> {
 /// An accepted variant a winner had to beat, and its time per shape in the same run.
 pub type BaselineTimes = (Baseline, BTreeMap<String, f64>);
 
+/// Where a kernel's loop starts, settled before its first round.
+pub struct Starting {
+    /// The accepted variant it starts from (`None`: the reference).
+    pub start: Option<run::Start>,
+    pub baseline: Option<BaselineTimes>,
+    /// The starting version timed twice (`None` when a job failed).
+    pub noise: Option<TimingNoise>,
+}
+
+/// Settles a kernel's start, as `cargo kopt optimize` and the MCP server both do: the
+/// accepted variant unless `from_reference` ([`starting_point`]), then that version timed
+/// again for the noise ([`timing_noise`]); `baseline` and `noise` events go to `record`.
+pub fn settle_start(
+    k: &Kernel,
+    arch: &str,
+    from_reference: bool,
+    evaluator: &mut LoopEvaluator,
+    record: &mut dyn FnMut(Event),
+    progress: &mut dyn FnMut(&str),
+) -> Starting {
+    let (start, baseline) = if from_reference {
+        (None, None)
+    } else {
+        starting_point(k, arch, evaluator, record, progress)
+    };
+    // The same version timed twice: the noise between two jobs on this device now, which
+    // a win must clear.
+    let noise = timing_noise(k, start.as_ref(), evaluator, progress);
+    if let Some(n) = &noise {
+        record(Event::Noise {
+            kernel: k.spec.name.clone(),
+            version: n.version.clone(),
+            deviations: n.deviations.clone(),
+        });
+    }
+    Starting {
+        start,
+        baseline,
+        noise,
+    }
+}
+
 /// The same version timed in two jobs: per declared shape, how far its time moved
 /// (second / first - 1).
 #[derive(Debug, Clone, Serialize)]
@@ -824,7 +859,7 @@ impl TimingNoise {
 /// Times the loop's starting version a second time, measured now: its first timing is the
 /// accepted variant's verification ([`starting_point`]), or for the reference a job of its
 /// own. `None` (and a progress line) when either job failed.
-pub fn timing_noise(
+fn timing_noise(
     k: &Kernel,
     start: Option<&run::Start>,
     evaluator: &mut LoopEvaluator,
@@ -879,7 +914,7 @@ pub fn timing_noise(
 /// variant is accepted for `arch`, when the accepted one claims only a region (a
 /// candidate is one source for every shape), or when it fails verification now; each case
 /// is said in the progress, and the verification is `record`ed (a `baseline` event).
-pub fn starting_point(
+fn starting_point(
     k: &Kernel,
     arch: &str,
     evaluator: &mut LoopEvaluator,
