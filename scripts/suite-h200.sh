@@ -85,7 +85,11 @@ fi
 
 cd "$ROOT"
 if has torch; then
-    step torch 300 env PYTHONUNBUFFERED=1 python3 scripts/torch_compare.py --out "$OUT/torch_compare.json"
+    # PyTorch's side of the same kernels, under scripts/torch_compare.py's names.
+    torch_kernels=$(printf '%s\n' "${KERNELS[@]}" |
+        sed -e 's/^rmsnorm$/rms_norm/' -e 's/^reduce_sum$/sum/' -e 's/^gemm$/matmul/' | paste -sd,)
+    step torch 300 env PYTHONUNBUFFERED=1 python3 scripts/torch_compare.py --out "$OUT/torch_compare.json" \
+        --kernels "$torch_kernels"
     [ -f "$OUT/torch_compare.json" ] && cp "$OUT/torch_compare.json" "$W/"
 fi
 

@@ -42,7 +42,7 @@ void silu(unsigned tokens, unsigned d) {
 void tr(unsigned rows, unsigned cols) {
     std::vector<float> x(rows * cols), y(rows * cols, NAN);
     for (auto& v : x) v = nd(rng);
-    launch({((cols + 63) / 64) * ((rows + 63) / 64), 1}, {256, 1}, 0, [&] { t::transpose_f32(x.data(), y.data(), rows, cols); });
+    launch({(((cols + 63) / 64) * ((rows + 63) / 64) + TILES - 1) / TILES, 1}, {256, 1}, 0, [&] { t::transpose_f32(x.data(), y.data(), rows, cols); });
     size_t bad = 0;
     for (unsigned r = 0; r < rows; ++r) for (unsigned c = 0; c < cols; ++c) check("tr", y[c*rows+r], x[r*cols+c], 0, 0, bad);
     printf("transpose %ux%u bad %zu\n", rows, cols, bad); fails += bad != 0;
@@ -52,6 +52,6 @@ int main() {
     ln(256, 1024); ln(257, 1001); ln(256, 2056);
     ln(4, 4096, 30.0f); ln(3, 2048, -200.0f); ln(1, 4104, 8.0f);
     silu(5, 4096); silu(4, 1376); silu(3, 1001); silu(7, 8); silu(2, 11008); silu(3, 14336); silu(256, 1032); silu(257, 1001); silu(300, 4104);
-    tr(128, 128); tr(200, 72); tr(37, 101); tr(64, 4); tr(4, 260); tr(130, 3); tr(68, 264); tr(1, 1);
+    tr(128, 128); tr(200, 72); tr(37, 101); tr(64, 4); tr(4, 260); tr(130, 3); tr(68, 264); tr(1, 1); tr(300, 200); tr(130, 390);
     printf("%d failed\n", fails); return fails;
 }
