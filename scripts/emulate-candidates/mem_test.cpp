@@ -42,7 +42,7 @@ void silu(unsigned tokens, unsigned d) {
 void tr(unsigned rows, unsigned cols) {
     std::vector<float> x(rows * cols), y(rows * cols, NAN);
     for (auto& v : x) v = nd(rng);
-    launch({(((cols + 63) / 64) * ((rows + 63) / 64) + TILES - 1) / TILES, 1}, {256, 1}, 0, [&] { t::transpose_f32(x.data(), y.data(), rows, cols); });
+    launch({(((cols + 63) / 64) * ((rows + 63) / 64) + TILES - 1) / TILES, 1}, {THREADS, 1}, 0, [&] { t::transpose_f32(x.data(), y.data(), rows, cols); });
     size_t bad = 0;
     for (unsigned r = 0; r < rows; ++r) for (unsigned c = 0; c < cols; ++c) check("tr", y[c*rows+r], x[r*cols+c], 0, 0, bad);
     printf("transpose %ux%u bad %zu\n", rows, cols, bad); fails += bad != 0;

@@ -1,4 +1,4 @@
-// Transpose, fp32: out[c][r] = in[r][c]. 64x64 tiles through shared memory, 256 threads.
+// Transpose, fp32: out[c][r] = in[r][c]. 64x64 tiles through shared memory, THREADS a block.
 // When rows and cols are multiples of 4, every global access is a 16-byte float4, and a
 // warp's access covers 4 rows x 128 contiguous bytes (fully used lines) on both sides:
 // - load: lane l reads row r0 + l/8, columns c0 + 4*(l%8) .. +3, and writes them to the
@@ -8,7 +8,7 @@
 //   the output is never read again, so its lines are the first L2 evicts).
 // The tile's row pitch is 65 floats: bank(r, c) = (r + c) % 32, so both the writes
 // (r + 4*(l%8) + j + l/8 over the warp) and the reads (4*(l%8) + j + l/8) hit 32
-// distinct banks. Each thread has 4 float4 loads (64 bytes) in flight, 16 KB per block.
+// distinct banks. A block has 16 KB of loads in flight (see THREADS).
 // Partial tiles need no special case: with rows, cols % 4 == 0 a float4 is wholly in or
 // out of bounds. Otherwise, a scalar path over the same tile (any shape).
 // The grid is one-dimensional (TILES tiles per block, any number of tiles); ORDER picks
@@ -28,7 +28,17 @@
 // 1056), no tail. TILES = 1 does what the one-tile kernel did.
 #define TILE 64
 #define PITCH (TILE + 1)
+// Threads per block (the launch rule's block): 128, 256 or 512. A tile is 32 warp-chunks
+// of 4 rows x 32 columns; each warp takes CHUNKS of them, so each thread has CHUNKS
+// float4 loads (16 * CHUNKS bytes) in flight, 16 KB per block whatever THREADS is. Fewer
+// threads a block means more blocks resident per SM (shared memory allows 13 of 16.6 KB):
+// 128 threads, 13 blocks (208 KB of loads in flight per SM); 256 threads, 8 blocks (the
+// thread limit: 128 KB).
+#ifndef THREADS
 #define THREADS 256
+#endif
+#define WARPS (THREADS / 32)
+#define CHUNKS (32 / WARPS)
 #ifndef ORDER
 #define ORDER 2
 #endif
@@ -65,14 +75,14 @@ __device__ __forceinline__ void tile_at(unsigned int i, unsigned int tiles_r,
 #endif
 }
 
-// Vector path: warp w's share of a tile is the 4 warp-chunks w + 8*i (4 rows x 32
-// columns each); chunk q of the tile starting at (r0, c0).
+// Vector path: warp w's share of a tile is the CHUNKS warp-chunks w + WARPS*i (4 rows x
+// 32 columns each) of the tile starting at (r0, c0).
 __device__ __forceinline__ void load_tile(const float* __restrict__ in, unsigned int rows,
                                           unsigned int cols, unsigned int r0, unsigned int c0,
-                                          unsigned int warp, unsigned int lane, float4 (&v)[4]) {
+                                          unsigned int warp, unsigned int lane, float4 (&v)[CHUNKS]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const unsigned int q = warp + 8 * i;
+    for (int i = 0; i < CHUNKS; ++i) {
+        const unsigned int q = warp + WARPS * i;
         const unsigned int r = (q >> 1) * 4 + (lane >> 3);
         const unsigned int c = (q & 1) * 32 + (lane & 7) * 4;
         if (r0 + r < rows && c0 + c < cols)
@@ -93,14 +103,14 @@ transpose_f32(const float* __restrict__ in, float* __restrict__ out, unsigned in
     unsigned int tr, tc;
     tile_at(first, tiles_r, tiles_c, tr, tc);
     if (((rows | cols) & 3u) == 0) {
-        float4 v[4];
+        float4 v[CHUNKS];
         load_tile(in, rows, cols, tr * TILE, tc * TILE, warp, lane, v);
         for (unsigned int t = first; t < end; ++t) {
             const unsigned int r0 = tr * TILE;  // input rows of this tile
             const unsigned int c0 = tc * TILE;  // input columns of this tile
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const unsigned int q = warp + 8 * i;
+            for (int i = 0; i < CHUNKS; ++i) {
+                const unsigned int q = warp + WARPS * i;
                 const unsigned int r = (q >> 1) * 4 + (lane >> 3);
                 const unsigned int c = (q & 1) * 32 + (lane & 7) * 4;
                 if (r0 + r < rows && c0 + c < cols) {
@@ -120,8 +130,8 @@ transpose_f32(const float* __restrict__ in, float* __restrict__ out, unsigned in
             // Output tile: 64 output rows (input columns c0..) x 64 output columns (input
             // rows r0..).
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const unsigned int q = warp + 8 * i;
+            for (int i = 0; i < CHUNKS; ++i) {
+                const unsigned int q = warp + WARPS * i;
                 const unsigned int cc = (q >> 1) * 4 + (lane >> 3);     // input column in tile
                 const unsigned int rr = (q & 1) * 32 + (lane & 7) * 4;  // first input row in tile
                 if (c0 + cc < cols && r0 + rr < rows) {
