@@ -61,8 +61,8 @@ g++ $flags mem_test.cpp -o mem_test
 # arithmetic: the other orders run too, and bands of 3 tile rows (GROUP) leave a short
 # last band on the test shapes. TILES (tiles per block) of 2 and 3 leave a last block with
 # fewer tiles than TILES on some shapes; with ORDER=1, as the proposals run it. THREADS of
-# 128 and 512 give each warp 8 and 2 chunks of a tile.
-for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3" "-DTILES=2" "-DTILES=3" "-DORDER=1 -DTILES=4" "-DORDER=1 -DTHREADS=128" "-DTHREADS=128 -DTILES=2" "-DTHREADS=512"; do
+# 64, 128 and 512 give each warp 16, 8 and 2 chunks of a tile.
+for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3" "-DTILES=2" "-DTILES=3" "-DORDER=1 -DTILES=4" "-DORDER=1 -DTHREADS=128" "-DTHREADS=128 -DTILES=2" "-DTHREADS=512" "-DTHREADS=64 -DORDER=1"; do
     g++ $flags $order mem_test.cpp -o "mem_test${order// /}"
 done
 # The gemm candidate picks its tile from the tile count; WIDE_MIN_TILES=1 sends these small
@@ -78,7 +78,7 @@ for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64"; do
     g++ $flags $geometry mem_test.cpp -o "mem_test${geometry// /}"
 done
 ./mem_test
-for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3" "-DTILES=2" "-DTILES=3" "-DORDER=1 -DTILES=4" "-DORDER=1 -DTHREADS=128" "-DTHREADS=128 -DTILES=2" "-DTHREADS=512"; do
+for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3" "-DTILES=2" "-DTILES=3" "-DORDER=1 -DTILES=4" "-DORDER=1 -DTHREADS=128" "-DTHREADS=128 -DTILES=2" "-DTHREADS=512" "-DTHREADS=64 -DORDER=1"; do
     echo "transpose $order:"
     "./mem_test${order// /}" | grep transpose
 done

@@ -12,7 +12,8 @@
 # version per shape), "verify" (`cargo kopt verify`, compute-sanitizer included: slower),
 # "searchbench" (the search's convergence benchmark on row_sum, 10 seeds), "torch"
 # (scripts/torch_compare.py). KERNELS overrides the kernels (default: the eight of the
-# suite). Every step has its own timeout and goes on after a failure. All of it can take
+# suite). OPTIMIZE_ARGS adds arguments to the optimize step (e.g. "--min-uniform-gain 0.5").
+# Every step has its own timeout and goes on after a failure. All of it can take
 # longer than the device tool's 10 minutes a command: run it as several calls. What comes
 # back: $OUT/suite.tgz (pending/ as the loop left it, before any accept; runs/; the
 # accepted kopt/ folders; the logs), $OUT/summary.txt, $OUT/bench.json,
@@ -48,7 +49,8 @@ fi
 
 if has optimize; then
     step optimize "${OPTIMIZE_TIMEOUT:-420}" cargo kopt optimize "${KERNELS[@]}" \
-        --agent "cmd:$PWD/agents/scripted-agent.sh" --budget rounds=1 --no-ncu --step-timeout 60
+        --agent "cmd:$PWD/agents/scripted-agent.sh" --budget rounds=1 --no-ncu --step-timeout 60 \
+        ${OPTIMIZE_ARGS:-}
     step pending 60 cargo kopt pending
     step pending-json 60 cargo kopt pending --message-format json
     # The pending area as the loop left it: the lead reviews these (see the brief's report).

@@ -233,6 +233,15 @@ enum Command {
         /// a candidate must beat it).
         #[arg(long)]
         from_reference: bool,
+        /// A candidate is a new best when it is faster than the best by more than this
+        /// percentage on some shape...
+        #[arg(long, value_name = "PCT", default_value_t = 3.0, value_parser = parse_gain_pct)]
+        min_gain: f64,
+        /// ... or not slower on any shape and faster by more than this percentage in
+        /// geometric mean over the shapes. Both are raised to twice the timing noise the
+        /// run measures on the starting version, never lowered below it.
+        #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_gain_pct)]
+        min_uniform_gain: f64,
         /// One evaluation worker per GPU, kernels scheduled across them: `all` or
         /// ordinals (`0,1`). Without it, the one GPU of `--device`.
         #[arg(long, value_name = "all|0,1,...", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<kopt_engine::pool::DeviceSelection>()), conflicts_with = "device")]
@@ -773,6 +782,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             run,
             no_ncu,
             from_reference,
+            min_gain,
+            min_uniform_gain,
             devices,
             partition,
             eval: args,
@@ -796,6 +807,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 devices,
                 step_timeout: std::time::Duration::from_secs(args.step_timeout),
                 from_reference,
+                rules: kopt_agent::run::Rules {
+                    min_gain: min_gain / 100.0,
+                    min_uniform_gain: min_uniform_gain / 100.0,
+                    ..Default::default()
+                },
                 run_limits: parse_run_budget(run_budget.as_deref())?,
             };
             let bar = progress_bar(json);
@@ -1048,6 +1064,21 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
 }
 
 /// `rounds=8,candidates=24,minutes=60,tokens=2000000,dollars=20` (any subset).
+/// A win threshold in percent (`--min-gain`, `--min-uniform-gain`): finite, 0 to 100.
+fn parse_gain_pct(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("`{text}` is not a percentage: write e.g. `3` or `0.5`"))?;
+    if !(0.0..100.0).contains(&v) {
+        return Err(format!(
+            "`{text}`: a gain threshold is a percentage from 0 to below 100"
+        ));
+    }
+    Ok(v)
+}
+
 fn parse_budget(text: Option<&str>) -> Result<kopt_agent::run::Budget, String> {
     let mut b = kopt_agent::run::Budget::default();
     let Some(text) = text else { return Ok(b) };

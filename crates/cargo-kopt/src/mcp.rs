@@ -683,6 +683,7 @@ impl Session {
                 },
                 sweep: None,
                 baseline: self.kernels.get(&a.kernel).and_then(|s| s.baseline.clone()),
+                rules: Some(&rules),
             })
             .map_err(internal)?;
             let kopt = KoptDir::new(&self.g.target_dir);

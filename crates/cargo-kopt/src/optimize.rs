@@ -244,6 +244,9 @@ pub struct Options {
     /// Start from the reference even where a variant is accepted for the device's
     /// architecture (`--from-reference`).
     pub from_reference: bool,
+    /// What a candidate must gain to be a new best (`--min-gain`, `--min-uniform-gain`),
+    /// before the run raises it above the timing noise it measures.
+    pub rules: Rules,
     /// Limits over all the run's kernels together (`--run-budget`).
     pub run_limits: run::RunLimits,
 }
@@ -293,7 +296,7 @@ pub fn optimize(
     let (mut journal, _) = Journal::open_or_resume(&kopt, &run_id).map_err(|e| e.to_string())?;
     journal
         .append(Event::RunStarted {
-            config: serde_json::json!({ "agent": opts.agent, "reviewer": opts.reviewer, "kernels": opts.kernels, "hint": opts.hint, "run_budget": opts.run_limits }),
+            config: serde_json::json!({ "agent": opts.agent, "reviewer": opts.reviewer, "kernels": opts.kernels, "hint": opts.hint, "run_budget": opts.run_limits, "min_gain": opts.rules.min_gain, "min_uniform_gain": opts.rules.min_uniform_gain }),
             budget: serde_json::to_value(&opts.budget).expect("serialises"),
         })
         .map_err(|e| e.to_string())?;
@@ -483,7 +486,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
     );
     let rules = match &noise {
         Some(n) => {
-            let r = Rules::default().above_noise(&n.deviations);
+            let r = opts.rules.above_noise(&n.deviations);
             progress(&format!(
                 "{}: timing noise up to {:.1}% between two jobs of `{}`; a win needs {:.1}% on a shape or {:.1}% overall",
                 k.spec.name,
@@ -494,7 +497,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             ));
             r
         }
-        None => Rules::default(),
+        None => opts.rules.clone(),
     };
     let task = Task {
         spec: &k.spec,
@@ -727,6 +730,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             },
             sweep: outcome.best_sweep.as_ref(),
             baseline: baseline.clone(),
+            rules: Some(&rules),
         }) {
             Ok(p) => p,
             Err(e) => {
@@ -783,6 +787,9 @@ pub struct Winner<'a> {
     /// the same run (the winner's speedups stay relative to the reference, timed in the
     /// same job as it).
     pub baseline: Option<BaselineTimes>,
+    /// The rule for a new best the winner cleared (after the run's timing noise), which
+    /// the rationale states; `None` where the caller's own rule is described elsewhere.
+    pub rules: Option<&'a Rules>,
 }
 
 /// An accepted variant a winner had to beat, and its time per shape in the same run.
@@ -1054,6 +1061,10 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
         ),
         None => summary,
     };
+    let summary = match w.rules {
+        Some(r) => format!("{} {}", summary.trim_end(), win_rule(r)),
+        None => summary,
+    };
     let e = Evidence {
         kernel: k.spec.name.clone(),
         variant: variant_id.clone(),
@@ -1186,6 +1197,15 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
     };
     p.validate().map_err(|e| e.to_string())?;
     Ok(p)
+}
+
+/// The rationale's sentence on the rule for a new best that a winner cleared.
+fn win_rule(r: &Rules) -> String {
+    format!(
+        "A new best had to be faster than the best before it by more than {:.1}% on some shape, or by more than {:.1}% in geometric mean and slower on none (the run's thresholds, never below twice the timing noise it measured).",
+        100.0 * r.min_gain,
+        100.0 * r.min_uniform_gain
+    )
 }
 
 /// The rationale's sentence on the accepted variant a winner had to beat: its time and the

@@ -1228,6 +1228,7 @@ fn save_winner(
         },
         sweep: None,
         baseline: None,
+        rules: None,
     })?;
     let kopt = KoptDir::new(&g.target_dir);
     kopt_store::pending::save(&kopt, &pending).map_err(|e| e.to_string())?;

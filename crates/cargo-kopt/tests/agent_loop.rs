@@ -1164,3 +1164,78 @@ fn a_win_must_clear_the_timing_noise_measured_in_the_run() {
             .collect::<String>()
     );
 }
+
+/// `--min-gain` and `--min-uniform-gain` set what a candidate must gain to be a new best;
+/// the run records them and the winner's rationale states them.
+#[test]
+fn the_win_thresholds_are_set_on_the_command_line_and_stated_in_the_rationale() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    // 0.7% faster than the reference on every shape: under the default 1% in geometric mean.
+    let agent = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.007")));
+    let optimize = |run_id: &str, extra: &[&str]| {
+        let mut args = vec![
+            "optimize",
+            "softmax",
+            "--no-ncu",
+            "--from-reference",
+            "--agent",
+            &agent,
+            "--budget",
+            "rounds=1",
+            "--run",
+            run_id,
+            "--message-format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), &args)
+            .output()
+            .unwrap()
+    };
+    let journal = |run_id: &str| {
+        std::fs::read_to_string(
+            ws.root
+                .join(format!("target/kopt/runs/{run_id}/journal.jsonl")),
+        )
+        .unwrap()
+    };
+
+    let o = optimize("defaults", &[]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["kernels"][0]["pending"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["kernels"][0]["accepted"], 1, "it passed every fence: {v}");
+    assert!(
+        journal("defaults").contains("\"min_gain\":0.03,\"min_uniform_gain\":0.01"),
+        "{}",
+        journal("defaults")
+    );
+
+    let o = optimize("lower", &["--min-uniform-gain", "0.5"]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["kernels"][0]["pending"], "llm-kernels/softmax/sm_90",
+        "{v}"
+    );
+    assert!(journal("lower").contains("\"min_uniform_gain\":0.005"));
+    let rationale = std::fs::read_to_string(
+        ws.root
+            .join("target/kopt/pending/llm-kernels/softmax/sm_90/rationale.json"),
+    )
+    .unwrap();
+    assert!(
+        rationale.contains("by more than 3.0% on some shape, or by more than 0.5% in geometric mean and slower on none"),
+        "{rationale}"
+    );
+
+    // A threshold that is no percentage is refused before anything runs.
+    let o = optimize("bad", &["--min-gain", "150"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("a gain threshold is a percentage from 0 to below 100"),
+        "{err}"
+    );
+}

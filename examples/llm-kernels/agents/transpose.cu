@@ -28,14 +28,19 @@
 // 1056), no tail. TILES = 1 does what the one-tile kernel did.
 #define TILE 64
 #define PITCH (TILE + 1)
-// Threads per block (the launch rule's block): 128, 256 or 512. A tile is 32 warp-chunks
+// Threads per block (the launch rule's block): 64, 128, 256 or 512. A tile is 32 warp-chunks
 // of 4 rows x 32 columns; each warp takes CHUNKS of them, so each thread has CHUNKS
 // float4 loads (16 * CHUNKS bytes) in flight, 16 KB per block whatever THREADS is. Fewer
 // threads a block means more blocks resident per SM (shared memory allows 13 of 16.6 KB):
-// 128 threads, 13 blocks (208 KB of loads in flight per SM); 256 threads, 8 blocks (the
-// thread limit: 128 KB).
+// 64 or 128 threads, up to 13 blocks (208 KB of loads in flight per SM) where registers
+// allow; 256 threads, 8 blocks (the thread limit: 128 KB).
 #ifndef THREADS
 #define THREADS 256
+#endif
+// Blocks per SM the compiler must leave registers for (__launch_bounds__'s second
+// argument): at 128 threads, 12 blocks cap a thread at 42 registers.
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
 #endif
 #define WARPS (THREADS / 32)
 #define CHUNKS (32 / WARPS)
@@ -90,7 +95,7 @@ __device__ __forceinline__ void load_tile(const float* __restrict__ in, unsigned
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 transpose_f32(const float* __restrict__ in, float* __restrict__ out, unsigned int rows,
               unsigned int cols) {
     __shared__ float tile[TILE * PITCH];
