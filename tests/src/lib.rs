@@ -169,6 +169,24 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// The `cargo-kopt` binary a test runs: `built` (the test's `CARGO_BIN_EXE_cargo-kopt`)
+/// where it exists, else the one on PATH. On a GPU runner the test binaries are built on
+/// another machine, whose target folder is not there, and `gpu-stage` puts the release
+/// `cargo-kopt` on PATH instead.
+pub fn cargo_kopt_binary(built: &str) -> PathBuf {
+    let built = PathBuf::from(built);
+    if built.is_file() {
+        return built;
+    }
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("cargo-kopt"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or(built)
+}
+
 /// stdout and stderr of a finished command, for assertion messages.
 pub fn text(o: &Output) -> String {
     format!(

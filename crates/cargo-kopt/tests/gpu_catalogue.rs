@@ -13,15 +13,9 @@ use kopt_engine::parent::WorkerCommand;
 use kopt_engine::sanitizer::{self, SanitizerResult};
 use kopt_engine::verdict::{Fence, Judge};
 
-/// The worker binary: the staged one on PATH on a GPU runner, else this build's.
+/// The worker binary: this build's, else (on a GPU runner) the staged one on PATH.
 fn worker_program() -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("cargo-kopt"))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_cargo-kopt")))
+    kopt_tests::cargo_kopt_binary(env!("CARGO_BIN_EXE_cargo-kopt"))
 }
 
 fn example_root() -> PathBuf {

@@ -13,12 +13,12 @@ use serde_json::{json, Value};
 
 type Client = RunningService<RoleClient, ()>;
 
-/// The server: this build's binary, or `KOPT_MCP_SERVER` (the staged one on the GPU
-/// machine, where this build's target folder does not exist).
+/// The server: `KOPT_MCP_SERVER`, else this build's binary, else (on the GPU machine, where
+/// this build's target folder does not exist) the staged one on PATH.
 fn server_program() -> PathBuf {
     std::env::var_os("KOPT_MCP_SERVER")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_cargo-kopt")))
+        .unwrap_or_else(|| kopt_tests::cargo_kopt_binary(env!("CARGO_BIN_EXE_cargo-kopt")))
 }
 
 async fn connect(ws: &ExampleWorkspace, target: &Path, extra: &[&str]) -> Client {
