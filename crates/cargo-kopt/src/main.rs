@@ -233,15 +233,8 @@ enum Command {
         /// a candidate must beat it).
         #[arg(long)]
         from_reference: bool,
-        /// A candidate is a new best when it is faster than the best by more than this
-        /// percentage on some shape...
-        #[arg(long, value_name = "PCT", default_value_t = 3.0, value_parser = parse_gain_pct)]
-        min_gain: f64,
-        /// ... or not slower on any shape and faster by more than this percentage in
-        /// geometric mean over the shapes. Both are raised to twice the timing noise the
-        /// run measures on the starting version, never lowered below it.
-        #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_gain_pct)]
-        min_uniform_gain: f64,
+        #[command(flatten)]
+        win: WinArgs,
         /// One evaluation worker per GPU, kernels scheduled across them: `all` or
         /// ordinals (`0,1`). Without it, the one GPU of `--device`.
         #[arg(long, value_name = "all|0,1,...", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<kopt_engine::pool::DeviceSelection>()), conflicts_with = "device")]
@@ -277,6 +270,8 @@ enum Command {
         /// again, and a proposal must beat it).
         #[arg(long)]
         from_reference: bool,
+        #[command(flatten)]
+        win: WinArgs,
         #[command(flatten)]
         eval: EvalArgs,
     },
@@ -501,6 +496,30 @@ struct PartitionArg {
     /// name order) or `hash:M/N` (by a fixed hash of `package::kernel`), M from 1.
     #[arg(long, value_name = "slice:M/N|hash:M/N", value_parser = clap::builder::ValueParser::new(|s: &str| s.parse::<cargo_kopt::partition::Partition>()))]
     partition: Option<cargo_kopt::partition::Partition>,
+}
+
+/// What a candidate must gain to be a new best, for `optimize` and `mcp`.
+#[derive(Args, Clone)]
+struct WinArgs {
+    /// A candidate is a new best when it is faster than the best by more than this
+    /// percentage on some shape...
+    #[arg(long, value_name = "PCT", default_value_t = 3.0, value_parser = parse_gain_pct)]
+    min_gain: f64,
+    /// ... or not slower on any shape and faster by more than this percentage in
+    /// geometric mean over the shapes. Both are raised to twice the timing noise measured
+    /// on the starting version, never lowered below it.
+    #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_gain_pct)]
+    min_uniform_gain: f64,
+}
+
+impl WinArgs {
+    fn rules(&self) -> kopt_agent::run::Rules {
+        kopt_agent::run::Rules {
+            min_gain: self.min_gain / 100.0,
+            min_uniform_gain: self.min_uniform_gain / 100.0,
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Args, Clone)]
@@ -782,8 +801,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             run,
             no_ncu,
             from_reference,
-            min_gain,
-            min_uniform_gain,
+            win,
             devices,
             partition,
             eval: args,
@@ -807,11 +825,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 devices,
                 step_timeout: std::time::Duration::from_secs(args.step_timeout),
                 from_reference,
-                rules: kopt_agent::run::Rules {
-                    min_gain: min_gain / 100.0,
-                    min_uniform_gain: min_uniform_gain / 100.0,
-                    ..Default::default()
-                },
+                rules: win.rules(),
                 run_limits: parse_run_budget(run_budget.as_deref())?,
             };
             let bar = progress_bar(json);
@@ -835,15 +849,18 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             max_candidate_bytes,
             no_ncu,
             from_reference,
+            win,
             eval: args,
         } => {
+            let rules = win.rules();
             let cfg = cargo_kopt::mcp::Config {
                 agent: agent_name,
                 limits: cargo_kopt::mcp::Limits {
                     max_proposals,
                     max_search_evals,
                     max_candidate_bytes,
-                    ..Default::default()
+                    min_gain: rules.min_gain,
+                    min_uniform_gain: rules.min_uniform_gain,
                 },
                 settings: args.settings(),
                 ncu: kopt_profile::collect::NcuChoice {

@@ -48,8 +48,10 @@ pub struct Limits {
     pub max_search_evals: usize,
     /// Bytes of a candidate's source or diff.
     pub max_candidate_bytes: usize,
-    /// A winner must beat the current best by this fraction on some shape.
+    /// A winner must beat the current best by this fraction on some shape...
     pub min_gain: f64,
+    /// ... or by this fraction in geometric mean, slower on no shape.
+    pub min_uniform_gain: f64,
 }
 
 impl Default for Limits {
@@ -59,6 +61,7 @@ impl Default for Limits {
             max_search_evals: 200,
             max_candidate_bytes: 64 * 1024,
             min_gain: 0.03,
+            min_uniform_gain: 0.01,
         }
     }
 }
@@ -355,6 +358,7 @@ impl Session {
     fn rules(&self, name: &str) -> kopt_agent::run::Rules {
         let rules = kopt_agent::run::Rules {
             min_gain: self.cfg.limits.min_gain,
+            min_uniform_gain: self.cfg.limits.min_uniform_gain,
             ..kopt_agent::run::Rules::default()
         };
         match self.kernels.get(name).and_then(|s| s.noise.as_ref()) {

@@ -441,3 +441,43 @@ async fn a_scripted_agent_optimises_rmsnorm_on_the_gpu() {
         "the hand-written candidate should beat the reference: {v:#}"
     );
 }
+
+/// `--min-gain` and `--min-uniform-gain` set the session's rule for a new best: the
+/// context and every answer state it, and a candidate under it is verified but not saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_win_thresholds_are_set_on_the_command_line() {
+    let ws = ExampleWorkspace::new();
+    let target = ws.root.join("target");
+    let client = connect(
+        &ws,
+        &target,
+        &["--min-gain", "12", "--min-uniform-gain", "15"],
+    )
+    .await;
+    let ctx = call(&client, "get_context", json!({ "kernel": "rmsnorm" }))
+        .await
+        .unwrap();
+    assert!(
+        ctx["device"]
+            .as_str()
+            .unwrap()
+            .contains("so a win needs 12.0% on some shape or 15.0% over all"),
+        "{}",
+        ctx["device"]
+    );
+    let source = ctx["source"].as_str().unwrap().to_string();
+    // 10% faster on every shape: a win by the default rule, not by this one.
+    let v = call(
+        &client,
+        "propose_variant",
+        json!({ "kernel": "rmsnorm", "proposal": proposal(&format!("{source}\n// kopt-fake: speedup 1.1\n")) }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(v["accepted"], json!(true), "{v:#}");
+    assert_eq!(v["improved"], json!(false), "{v:#}");
+    assert_eq!(v["a_win_needs"]["on_some_shape"], json!(0.12), "{v:#}");
+    assert_eq!(v["a_win_needs"]["over_all_shapes"], json!(0.15), "{v:#}");
+    assert_eq!(v["pending"], Value::Null, "{v:#}");
+    client.cancel().await.unwrap();
+}
