@@ -1080,7 +1080,6 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     }
 }
 
-/// `rounds=8,candidates=24,minutes=60,tokens=2000000,dollars=20` (any subset).
 /// A win threshold in percent (`--min-gain`, `--min-uniform-gain`): finite, 0 to 100.
 fn parse_gain_pct(text: &str) -> Result<f64, String> {
     let v: f64 = text
@@ -1096,6 +1095,7 @@ fn parse_gain_pct(text: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// `rounds=8,candidates=24,minutes=60,tokens=2000000,dollars=20` (any subset).
 fn parse_budget(text: Option<&str>) -> Result<kopt_agent::run::Budget, String> {
     let mut b = kopt_agent::run::Budget::default();
     let Some(text) = text else { return Ok(b) };
