@@ -175,6 +175,42 @@ fn scripted_agent(ws: &kopt_tests::ExampleWorkspace, text: &str) -> String {
     format!("cmd:{}", script.display())
 }
 
+/// `cargo kopt optimize softmax` on the fake device: one round of `agent`, run `run_id`,
+/// JSON out, then `extra`.
+fn optimize_softmax(
+    ws: &kopt_tests::ExampleWorkspace,
+    agent: &str,
+    run_id: &str,
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec![
+        "optimize",
+        "softmax",
+        "--no-ncu",
+        "--agent",
+        agent,
+        "--budget",
+        "rounds=1",
+        "--run",
+        run_id,
+        "--message-format",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), &args)
+        .output()
+        .unwrap()
+}
+
+/// The journal of run `run_id` of a workspace ("" when there is none).
+fn journal_of(ws: &kopt_tests::ExampleWorkspace, run_id: &str) -> String {
+    std::fs::read_to_string(
+        ws.root
+            .join(format!("target/kopt/runs/{run_id}/journal.jsonl")),
+    )
+    .unwrap_or_default()
+}
+
 fn openai(text: &str) -> ResponseTemplate {
     ResponseTemplate::new(200).set_body_json(json!({
         "model": "mock", "choices": [{ "message": { "role": "assistant", "content": text } }],
@@ -779,36 +815,16 @@ fn cargo_kopt_optimize_records_the_matrix_search_in_the_rationale() {
         &ws,
         &matrix_proposal(&s, &[1, 2, 4, 8], "// kopt-fake: wrong-if TILE=2 y"),
     );
-    let o = ws
-        .kopt_on_fake(
-            Path::new(env!("CARGO_BIN_EXE_cargo-kopt")),
-            &[
-                "optimize",
-                "softmax",
-                "--no-ncu",
-                "--agent",
-                &agent,
-                "--budget",
-                "rounds=1",
-                "--run",
-                "sweep",
-                // The matrix is over the reference's source (the accepted variant's launch
-                // rule names defines this candidate does not set).
-                "--from-reference",
-                "--message-format",
-                "json",
-            ],
-        )
-        .output()
-        .unwrap();
+    // The matrix is over the reference's source (the accepted variant's launch rule names
+    // defines this candidate does not set).
+    let o = optimize_softmax(&ws, &agent, "sweep", &["--from-reference"]);
     assert!(o.status.success(), "{}", kopt_tests::text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         v["kernels"][0]["pending"],
         "llm-kernels/softmax/sm_90",
         "{v}\n{}",
-        std::fs::read_to_string(ws.root.join("target/kopt/runs/sweep/journal.jsonl"))
-            .unwrap_or_default()
+        journal_of(&ws, "sweep")
     );
     let pending = ws
         .root
@@ -915,21 +931,7 @@ fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
     // 1.1x the reference: faster than the reference, slower than the accepted variant.
     let slower = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.1")));
     let optimize = |agent: &str, run_id: &str, more: &[&str]| {
-        let mut args = vec![
-            "optimize",
-            "softmax",
-            "--no-ncu",
-            "--agent",
-            agent,
-            "--budget",
-            "rounds=1",
-            "--run",
-            run_id,
-            "--message-format",
-            "json",
-        ];
-        args.extend(more);
-        let o = run(&args);
+        let o = optimize_softmax(&ws, agent, run_id, more);
         assert!(o.status.success(), "{}", kopt_tests::text(&o));
         serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
     };
@@ -1086,33 +1088,10 @@ fn a_win_must_clear_the_timing_noise_measured_in_the_run() {
     // 4.5% faster than the reference on every shape.
     let agent = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.045")));
     let optimize = |run_id: &str| {
-        let o = ws
-            .kopt_on_fake(
-                Path::new(env!("CARGO_BIN_EXE_cargo-kopt")),
-                &[
-                    "optimize",
-                    "softmax",
-                    "--no-ncu",
-                    "--agent",
-                    &agent,
-                    "--budget",
-                    "rounds=1",
-                    "--run",
-                    run_id,
-                    "--message-format",
-                    "json",
-                ],
-            )
-            .output()
-            .unwrap();
+        let o = optimize_softmax(&ws, &agent, run_id, &[]);
         assert!(o.status.success(), "{}", kopt_tests::text(&o));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        let journal = std::fs::read_to_string(
-            ws.root
-                .join(format!("target/kopt/runs/{run_id}/journal.jsonl")),
-        )
-        .unwrap();
-        (v, journal)
+        (v, journal_of(&ws, run_id))
     };
     // A quiet device: the starting version (the accepted variant) moves by nothing between
     // two jobs, and 4.5% is a win.
@@ -1174,32 +1153,11 @@ fn the_win_thresholds_are_set_on_the_command_line_and_stated_in_the_rationale() 
     // 0.7% faster than the reference on every shape: under the default 1% in geometric mean.
     let agent = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.007")));
     let optimize = |run_id: &str, extra: &[&str]| {
-        let mut args = vec![
-            "optimize",
-            "softmax",
-            "--no-ncu",
-            "--from-reference",
-            "--agent",
-            &agent,
-            "--budget",
-            "rounds=1",
-            "--run",
-            run_id,
-            "--message-format",
-            "json",
-        ];
+        let mut args = vec!["--from-reference"];
         args.extend_from_slice(extra);
-        ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), &args)
-            .output()
-            .unwrap()
+        optimize_softmax(&ws, &agent, run_id, &args)
     };
-    let journal = |run_id: &str| {
-        std::fs::read_to_string(
-            ws.root
-                .join(format!("target/kopt/runs/{run_id}/journal.jsonl")),
-        )
-        .unwrap()
-    };
+    let journal = |run_id: &str| journal_of(&ws, run_id);
 
     let o = optimize("defaults", &[]);
     assert!(o.status.success(), "{}", kopt_tests::text(&o));
