@@ -197,7 +197,12 @@ fn optimize_softmax(
         "json",
     ];
     args.extend_from_slice(extra);
-    ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), &args)
+    kopt_on_fake(ws, &args)
+}
+
+/// `cargo kopt ARGS` on the fake device, in a workspace copy, to completion.
+fn kopt_on_fake(ws: &kopt_tests::ExampleWorkspace, args: &[&str]) -> std::process::Output {
+    ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
         .output()
         .unwrap()
 }
@@ -504,11 +509,7 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
     let s = setup();
     // A scripted agent: whatever it is asked, one proposal 30% faster on the fake device.
     let agent = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.3")));
-    let run = |args: &[&str]| {
-        ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| kopt_on_fake(&ws, args);
     // A case library holding the example's committed variants (each accepted one).
     let committed = std::fs::read_dir(ws.krate.join("kopt"))
         .unwrap()
@@ -898,11 +899,7 @@ fn cargo_kopt_optimize_records_the_matrix_search_in_the_rationale() {
 fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
     let ws = kopt_tests::ExampleWorkspace::new();
     let s = setup();
-    let run = |args: &[&str]| {
-        ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| kopt_on_fake(&ws, args);
     // An accepted variant 1.2x faster than the reference on the fake device.
     let accepted = ws.krate.join("kopt/softmax/run-1795985295-r1c1");
     let fast = ws.krate.join("kopt/softmax/fast");
@@ -1029,11 +1026,7 @@ fn the_run_budget_is_shared_by_the_kernels_of_a_run() {
     let s = setup();
     // Whatever it is asked, one proposal: one candidate per round.
     let agent = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.3")));
-    let run = |args: &[&str]| {
-        ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| kopt_on_fake(&ws, args);
     let o = run(&[
         "optimize",
         "softmax",
