@@ -74,7 +74,7 @@ g++ $flags norms_test.cpp -o norms_test
 for geometry in "-DWARPS=1" "-DWARPS=2"; do
     g++ $flags $geometry norms_test.cpp -o "norms_test$geometry"
 done
-for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64" "-DFLAT=1"; do
+for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64" "-DFLAT=1" "-DFLAT=1 -DUNROLL=1" "-DFLAT=1 -DUNROLL=1 -DSTORE_PLAIN=1 -DLOAD_HINT=1"; do
     g++ $flags $geometry mem_test.cpp -o "mem_test${geometry// /}"
 done
 ./mem_test
@@ -87,7 +87,7 @@ for geometry in "-DWARPS=1" "-DWARPS=2"; do
     echo "softmax $geometry:"
     "./norms_test$geometry" | grep -E "softmax|failed"
 done
-for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64" "-DFLAT=1"; do
+for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64" "-DFLAT=1" "-DFLAT=1 -DUNROLL=1" "-DFLAT=1 -DUNROLL=1 -DSTORE_PLAIN=1 -DLOAD_HINT=1"; do
     echo "silu_mul $geometry:"
     "./mem_test${geometry// /}" | grep -E "silu|failed"
 done

@@ -32,8 +32,8 @@ void silu(unsigned tokens, unsigned d) {
     std::vector<__half> x(tokens * 2 * d), o(tokens * d, __float2half(NAN));
     for (auto& v : x) v = __float2half(nd(rng));
     // The proposal's launch rule: fewer than 256 tokens, SMALL_U vectors a thread and
-    // SMALL_THREADS-thread blocks; otherwise UNROLL = 2 vectors and 256-thread blocks.
-    const unsigned block = tokens < 256 ? SMALL_THREADS : 256, per = tokens < 256 ? SMALL_U : 2;
+    // SMALL_THREADS-thread blocks; otherwise UNROLL vectors and 256-thread blocks.
+    const unsigned block = tokens < 256 ? SMALL_THREADS : 256, per = tokens < 256 ? SMALL_U : UNROLL;
     unsigned gx = (d + 8 * per * block - 1) / (8 * per * block), gy = std::min(tokens, 3u); // a small grid y exercises the token stride
     if (FLAT && tokens >= 256 && d % 8 == 0) { gx = (tokens * (d / 8) + per * block - 1) / (per * block); gy = 1; }  // the flat grid
     launch({gx, gy}, {block, 1}, 0, [&] { s::silu_mul_f16(x.data(), o.data(), tokens, d); });

@@ -505,9 +505,10 @@ struct WinArgs {
     /// percentage on some shape...
     #[arg(long, value_name = "PCT", default_value_t = 3.0, value_parser = parse_gain_pct)]
     min_gain: f64,
-    /// ... or not slower on any shape and faster by more than this percentage in
-    /// geometric mean over the shapes. Both are raised to twice the timing noise measured
-    /// on the starting version, never lowered below it.
+    /// ... or not slower on any shape (beyond that shape's measured timing noise) and
+    /// faster by more than this percentage in geometric mean over the shapes. Both are
+    /// raised to twice the timing noise measured on the starting version, never lowered
+    /// below it.
     #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_gain_pct)]
     min_uniform_gain: f64,
 }

@@ -50,7 +50,7 @@ pub struct Limits {
     pub max_candidate_bytes: usize,
     /// A winner must beat the current best by this fraction on some shape...
     pub min_gain: f64,
-    /// ... or by this fraction in geometric mean, slower on no shape.
+    /// ... or by this fraction in geometric mean, slower on no shape (beyond its measured noise).
     pub min_uniform_gain: f64,
 }
 

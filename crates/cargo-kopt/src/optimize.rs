@@ -1202,7 +1202,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
 /// The rationale's sentence on the rule for a new best that a winner cleared.
 fn win_rule(r: &Rules) -> String {
     format!(
-        "A new best had to be faster than the best before it by more than {:.1}% on some shape, or by more than {:.1}% in geometric mean and slower on none (the run's thresholds, never below twice the timing noise it measured).",
+        "A new best had to be faster than the best before it by more than {:.1}% on some shape, or by more than {:.1}% in geometric mean and slower on none beyond the timing noise measured there (the run's thresholds, never below twice the timing noise it measured).",
         100.0 * r.min_gain,
         100.0 * r.min_uniform_gain
     )

@@ -176,6 +176,11 @@ pub struct Rules {
     /// 2.4-2.9% faster on each of three shapes is better, though no shape clears
     /// `min_gain` (a transpose block order on the H200, docs/runs/2026-11-29-h200-dsmem-merge).
     pub min_uniform_gain: f64,
+    /// Per shape, how far the same version's time moved between two jobs (the measured
+    /// noise; empty when it was not measured). "Slower on none" tolerates a shape this much
+    /// slower: a shape whose code path a candidate leaves unchanged measures a little slower
+    /// half the time, and failing it then would decide a win by a coin toss.
+    pub noise: BTreeMap<String, f64>,
 }
 
 impl Default for Rules {
@@ -187,6 +192,7 @@ impl Default for Rules {
             failed_verifications_in_a_row: 3,
             min_gain: 0.03,
             min_uniform_gain: 0.01,
+            noise: BTreeMap::new(),
         }
     }
 }
@@ -421,7 +427,8 @@ impl Rules {
     /// The rules with their gains raised above the measured timing noise: `deviations`
     /// is, per shape, how far the same version's time moved between two jobs (`0.01`:
     /// 1%). A win must then be at least twice the largest deviation on some shape, or
-    /// twice the mean deviation in geometric mean, so that the noise alone cannot make one.
+    /// twice the mean deviation in geometric mean, so that the noise alone cannot make one;
+    /// and a shape within its own deviation of the best counts as not slower.
     pub fn above_noise(&self, deviations: &BTreeMap<String, f64>) -> Rules {
         let logs: Vec<f64> = deviations.values().map(|d| (1.0 + d).ln().abs()).collect();
         if logs.is_empty() {
@@ -432,6 +439,10 @@ impl Rules {
         Rules {
             min_gain: self.min_gain.max(2.0 * largest),
             min_uniform_gain: self.min_uniform_gain.max(2.0 * mean),
+            noise: deviations
+                .iter()
+                .map(|(shape, d)| (shape.clone(), d.abs()))
+                .collect(),
             ..self.clone()
         }
     }
@@ -439,8 +450,8 @@ impl Rules {
 
 /// The loop's rule for a new best: every fence passed, and faster than the current best
 /// by more than `rules.min_gain` on some shape (returns that largest per-shape gain), or
-/// not slower on any shape and faster by more than `rules.min_uniform_gain` in geometric
-/// mean over the shapes (returns that mean).
+/// not slower on any shape (beyond that shape's measured noise) and faster by more than
+/// `rules.min_uniform_gain` in geometric mean over the shapes (returns that mean).
 pub fn improvement(verdict: &Verdict, rules: &Rules) -> Option<f64> {
     if !verdict.failures.is_empty() || verdict.comparisons.is_empty() {
         return None;
@@ -451,7 +462,10 @@ pub fn improvement(verdict: &Verdict, rules: &Rules) -> Option<f64> {
         return Some(largest);
     }
     let mean = (speedups.iter().map(|s| s.ln()).sum::<f64>() / speedups.len() as f64).exp();
-    let everywhere = speedups.iter().all(|s| *s >= 1.0);
+    let everywhere = verdict.comparisons.iter().all(|c| {
+        let noise = rules.noise.get(&c.shape).copied().unwrap_or(0.0);
+        c.speedup * (1.0 + noise) >= 1.0
+    });
     (everywhere && mean > 1.0 + rules.min_uniform_gain).then_some(mean)
 }
 
@@ -1357,5 +1371,54 @@ mod tests {
         });
         assert_eq!(improvement(&failed, &rules), None);
         assert_eq!(improvement(&verdict(&[]), &rules), None);
+    }
+
+    #[test]
+    fn an_unchanged_shape_within_its_noise_does_not_veto_a_uniform_win() {
+        // A candidate about 1.2% faster on two large shapes whose few-token shape runs the
+        // same code as the best (silu_mul's flat grid on the H200 measured 3.01 against
+        // 3.01 us there, docs/runs/2026-11-30-h200-transpose-residency): that shape lands
+        // either side of 1.
+        let measured: BTreeMap<String, f64> = [
+            ("big".to_string(), 0.001),
+            ("huge".to_string(), -0.002),
+            ("few".to_string(), 0.004),
+        ]
+        .into();
+        let rules = Rules {
+            min_uniform_gain: 0.003,
+            ..Rules::default()
+        }
+        .above_noise(&measured);
+        assert_eq!(
+            rules.noise["huge"], 0.002,
+            "the size of a deviation, not its sign"
+        );
+        let cand = |few: f64| {
+            verdict(&[
+                ("big", 63.81, 63.0),
+                ("huge", 93.67, 92.6),
+                ("few", 3.010, few),
+            ])
+        };
+        assert!(
+            improvement(&cand(3.009), &rules).is_some(),
+            "faster on all three"
+        );
+        assert!(
+            improvement(&cand(3.019), &rules).is_some(),
+            "0.3% slower where the noise is 0.4%: not slower"
+        );
+        assert_eq!(
+            improvement(&cand(3.030), &rules),
+            None,
+            "0.7% slower where the noise is 0.4%: slower"
+        );
+        // Without a noise measurement, any slowdown vetoes, as before.
+        let unmeasured = Rules {
+            min_uniform_gain: 0.003,
+            ..Rules::default()
+        };
+        assert_eq!(improvement(&cand(3.019), &unmeasured), None);
     }
 }

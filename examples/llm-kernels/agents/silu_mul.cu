@@ -19,6 +19,10 @@
 // 2-D grid's third span of each token has 1376 - 2 x 512 = 352 of its 512 vectors, so 10%
 // of the resident threads idle; a flat grid has every thread of every block but the
 // last one busy. It costs one division per vector.
+// LOAD_HINT = 1: the 16-byte loads ask L2 for 256-byte fetches from DRAM
+// (ld.global.nc.L1::no_allocate.L2::256B): a warp's gate and up rows are 512 contiguous
+// bytes each, so whole 256-byte DRAM bursts are wanted, and nothing is reused from L1.
+// STORE_PLAIN = 1: write-back stores instead of the streaming (evict-first) ones.
 #include <cuda_fp16.h>
 
 #ifndef FLAT
@@ -32,6 +36,12 @@
 #endif
 #ifndef SMALL_THREADS
 #define SMALL_THREADS 128
+#endif
+#ifndef LOAD_HINT
+#define LOAD_HINT 0
+#endif
+#ifndef STORE_PLAIN
+#define STORE_PLAIN 0
 #endif
 
 // 2^x and 1/x by the MUFU approximations (ex2.approx.ftz, rcp.approx.ftz); plain C++ where
@@ -62,9 +72,25 @@ __device__ __forceinline__ float silu_mul1(float g, float u) {
 }
 
 __device__ __forceinline__ void store_cs(uint4* p, uint4 v) {
+#if STORE_PLAIN
+    *p = v;
+#else
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
                  "r"(v.z), "r"(v.w)
                  : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint4 load_in(const uint4* p) {
+#if LOAD_HINT && defined(__CUDA_ARCH__)
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
 }
 
 // Same test as the launch rule's grid and block expressions.
@@ -88,8 +114,8 @@ __device__ __forceinline__ void silu_mul_span(const __half* __restrict__ x,
             for (int i = 0; i < U; ++i) {
                 const unsigned int j = v0 + threadIdx.x + i * blockDim.x;
                 if (j < nvec) {
-                    g[i] = __ldg(g8 + j);
-                    u[i] = __ldg(u8 + j);
+                    g[i] = load_in(g8 + j);
+                    u[i] = load_in(u8 + j);
                 }
             }
 #pragma unroll
@@ -142,8 +168,8 @@ __device__ __forceinline__ void silu_mul_flat(const __half* __restrict__ x,
         const unsigned int v = v0 + i * blockDim.x;
         if (v < total) {
             const size_t row = (size_t)(v / nvec) * nvec;  // t x nvec
-            g[i] = __ldg(x8 + row + v);
-            u[i] = __ldg(x8 + row + nvec + v);
+            g[i] = load_in(x8 + row + v);
+            u[i] = load_in(x8 + row + nvec + v);
         }
     }
 #pragma unroll
