@@ -19,10 +19,16 @@
 // 2-D grid's third span of each token has 1376 - 2 x 512 = 352 of its 512 vectors, so 10%
 // of the resident threads idle; a flat grid has every thread of every block but the
 // last one busy. It costs one division per vector.
-// LOAD_HINT = 1: the 16-byte loads ask L2 for 256-byte fetches from DRAM
-// (ld.global.nc.L1::no_allocate.L2::256B): a warp's gate and up rows are 512 contiguous
-// bytes each, so whole 256-byte DRAM bursts are wanted, and nothing is reused from L1.
-// STORE_PLAIN = 1: write-back stores instead of the streaming (evict-first) ones.
+// LOAD_HINT picks the cache policy of the 16-byte loads (every input byte is read once):
+//   0: __ldg (ld.global.nc);
+//   1: ld.global.nc.L1::no_allocate.L2::256B, 256-byte DRAM fetches (a warp's gate and up
+//      rows are 512 contiguous bytes each): 0.5% slower at 4096x11008 in run-1796013015;
+//   2: ld.global.nc.L1::no_allocate.L2::evict_first: input lines leave L2 before the
+//      output's, which the streaming stores already mark evict-first;
+//   3: ld.global.nc.L1::no_allocate: no L1 line for data read once, L2 policy unchanged;
+//   4: ld.global.cs (cache streaming: evict-first at every level).
+// STORE_PLAIN = 1: write-back stores instead of the streaming (evict-first) ones: 6% slower
+// at 4096x11008 and 9% at 16384x4096 in run-1796013015, the output's dirty lines crowd L2.
 #include <cuda_fp16.h>
 
 #ifndef FLAT
@@ -81,10 +87,20 @@ __device__ __forceinline__ void store_cs(uint4* p, uint4 v) {
 #endif
 }
 
+#if LOAD_HINT == 1
+#define LOAD_OP "ld.global.nc.L1::no_allocate.L2::256B.v4.u32"
+#elif LOAD_HINT == 2
+#define LOAD_OP "ld.global.nc.L1::no_allocate.L2::evict_first.v4.u32"
+#elif LOAD_HINT == 3
+#define LOAD_OP "ld.global.nc.L1::no_allocate.v4.u32"
+#elif LOAD_HINT == 4
+#define LOAD_OP "ld.global.cs.v4.u32"
+#endif
+
 __device__ __forceinline__ uint4 load_in(const uint4* p) {
 #if LOAD_HINT && defined(__CUDA_ARCH__)
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm(LOAD_OP " {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
