@@ -27,6 +27,13 @@
 #include <vector>
 
 extern "C" __global__ void softmax_f32(const float*, float*, unsigned, unsigned);
+// The same source with GATHER 0 (every thread reads the 8 pairs), with CACHE 4 (no
+// padding slots), and with clock64 / globaltimer stamps between its phases (phases.py).
+extern "C" __global__ void softmax_g0(const float*, float*, unsigned, unsigned);
+extern "C" __global__ void softmax_c4(const float*, float*, unsigned, unsigned);
+extern "C" __global__ void softmax_phases(const float*, float*, unsigned, unsigned);
+extern "C" void read_phases(long long* host, int n);
+typedef void (*Softmax)(const float*, float*, unsigned, unsigned);
 
 #define CK(x)                                                                               \
     do {                                                                                    \
@@ -94,7 +101,8 @@ static void launch(Kernel k, unsigned grid, unsigned block, unsigned cluster, cu
     CK(cudaLaunchKernelEx(&cfg, k, (const float4*)x, (float4*)y, n4));
 }
 
-static void launch_softmax(unsigned rows, unsigned cols, cudaStream_t s, const float* x, float* y) {
+static void launch_softmax(unsigned rows, unsigned cols, cudaStream_t s, const float* x, float* y,
+                           Softmax kernel = softmax_f32) {
     // The accepted variant's launch rule in the split mode (rows < 256, cols >= 1024).
     const unsigned cluster = 8;
     unsigned block = (cols + cluster - 1) / cluster;
@@ -112,7 +120,7 @@ static void launch_softmax(unsigned rows, unsigned cols, cudaStream_t s, const f
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, softmax_f32, x, y, rows, cols));
+    CK(cudaLaunchKernelEx(&cfg, kernel, x, y, rows, cols));
 }
 
 // Median over 15 replays of a graph of 32 captured calls of `body(i)`, in us per call.
@@ -193,6 +201,15 @@ int main() {
         row("softmax (accepted source)", grid, 8, time_graph(s, [&](int i) {
                 launch_softmax(sh.rows, sh.cols, s, xs[i % sets], ys[i % sets]);
             }));
+        row("softmax, GATHER 0", grid, 8, time_graph(s, [&](int i) {
+                launch_softmax(sh.rows, sh.cols, s, xs[i % sets], ys[i % sets], softmax_g0);
+            }));
+        row("softmax, CACHE 4", grid, 8, time_graph(s, [&](int i) {
+                launch_softmax(sh.rows, sh.cols, s, xs[i % sets], ys[i % sets], softmax_c4);
+            }));
+        row("softmax, with phase stamps", grid, 8, time_graph(s, [&](int i) {
+                launch_softmax(sh.rows, sh.cols, s, xs[i % sets], ys[i % sets], softmax_phases);
+            }));
         row("memcpy", 0, 0, time_graph(s, [&](int i) {
                 CK(cudaMemcpyAsync(ys[i % sets], xs[i % sets], bytes, cudaMemcpyDeviceToDevice, s));
             }));
@@ -217,6 +234,39 @@ int main() {
         }
         printf("%-10s softmax rows sum to 1 within %.2e; %d input sets of %.1f MB\n", name, worst,
                sets, bytes / 1e6);
+        // Phases of the stamped kernel: 10 single launches on cold sets; per block, thread
+        // 0's clock64 deltas (load + local stats, block reduction, cluster exchange, stores
+        // issued, final cluster wait) and its globaltimer at entry and exit.
+        {
+            const int runs = 10, nb = (int)grid;
+            std::vector<long long> ph(nb * 8);
+            double cyc[5] = {0, 0, 0, 0, 0}, spread_start = 0, span = 0;
+            for (int r = 0; r < runs; ++r) {
+                launch_softmax(sh.rows, sh.cols, s, xs[(r + 1) % sets], ys[(r + 1) % sets],
+                               softmax_phases);
+                CK(cudaStreamSynchronize(s));
+                read_phases(ph.data(), nb * 8);
+                long long t0 = ph[5], t0max = ph[5], t1 = ph[6];
+                for (int b = 0; b < nb; ++b) {
+                    for (int k = 0; k < 5; ++k) cyc[k] += ph[b * 8 + k];
+                    t0 = std::min(t0, ph[b * 8 + 5]);
+                    t0max = std::max(t0max, ph[b * 8 + 5]);
+                    t1 = std::max(t1, ph[b * 8 + 6]);
+                }
+                spread_start += (double)(t0max - t0);
+                span += (double)(t1 - t0);
+            }
+            int khz = 0;
+            CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+            const char* names[5] = {"loads+local stats", "block reduction", "cluster exchange",
+                                    "stores issued", "final cluster wait"};
+            for (int k = 0; k < 5; ++k)
+                printf("%-10s   phase %-20s %8.0f cycles %7.2f us (at %d MHz)\n", name, names[k],
+                       cyc[k] / (runs * nb), cyc[k] / (runs * nb) / (khz / 1e3), khz / 1000);
+            printf("%-10s   globaltimer: blocks enter within %.2f us of each other; first entry to "
+                   "last exit %.2f us\n",
+                   name, spread_start / runs / 1e3, span / runs / 1e3);
+        }
         for (int i = 0; i < sets; ++i) {
             CK(cudaFree(xs[i]));
             CK(cudaFree(ys[i]));

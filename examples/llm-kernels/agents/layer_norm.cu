@@ -20,21 +20,6 @@
 #endif
 #define FEW_VECS 2
 
-// STREAM_STORES = 1: the 16-byte stores of y are streaming (st.global.cs, evict-first in
-// L2): y is never re-read by this kernel, and write-back stores, whose dirty lines stay in
-// L2 at normal priority, cost silu_mul 6-9% at its large shapes on the H200
-// (docs/runs/2026-11-30-h200-silu-cache-hints).
-#ifndef STREAM_STORES
-#define STREAM_STORES 0
-#endif
-__device__ __forceinline__ void store8(uint4* p, uint4 v) {
-#if STREAM_STORES && defined(__CUDA_ARCH__)
-    __stcs(p, v);
-#else
-    *p = v;
-#endif
-}
-
 // (x - mean) * rstd * w + b for 8 halves (one 16-byte vector each of x, w and b).
 __device__ __forceinline__ uint4 normalize8(const uint4& xv, const uint4& wv, const uint4& bv,
                                             float mean, float rstd) {
@@ -123,7 +108,7 @@ __device__ __forceinline__ void layer_norm_few(const __half* __restrict__ xr,
     for (int i = 0; i < FEW_VECS; ++i) {
         const unsigned int j = tid + i * bs;
         if (j < nvec) {
-            store8(y8 + j, normalize8(v[i], gw[i], gb[i], mean, rstd));
+            y8[j] = normalize8(v[i], gw[i], gb[i], mean, rstd);
         }
     }
 }
@@ -203,7 +188,7 @@ layer_norm_f16(const __half* __restrict__ x, const __half* __restrict__ w,
         for (int i = 0; i < MAX_VECS; ++i) {
             const unsigned int j = threadIdx.x + i * blockDim.x;
             if (j < nvec) {
-                store8(y8 + j, normalize8(v[i], __ldg(w8 + j), __ldg(b8 + j), mean, rstd));
+                y8[j] = normalize8(v[i], __ldg(w8 + j), __ldg(b8 + j), mean, rstd);
             }
         }
     } else {

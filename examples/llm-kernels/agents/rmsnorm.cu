@@ -22,21 +22,6 @@
 #define CACHE 4
 #endif
 
-// STREAM_STORES = 1: the 16-byte stores of y are streaming (st.global.cs, evict-first in
-// L2): y is never re-read by this kernel, and write-back stores, whose dirty lines stay in
-// L2 at normal priority, cost silu_mul 6-9% at its large shapes on the H200
-// (docs/runs/2026-11-30-h200-silu-cache-hints).
-#ifndef STREAM_STORES
-#define STREAM_STORES 0
-#endif
-__device__ __forceinline__ void store8(uint4* p, uint4 v) {
-#if STREAM_STORES && defined(__CUDA_ARCH__)
-    __stcs(p, v);
-#else
-    *p = v;
-#endif
-}
-
 __device__ __forceinline__ float sum_squares(const uint4& u) {
     const __half2* h = reinterpret_cast<const __half2*>(&u);
     float s = 0.0f;
@@ -121,10 +106,9 @@ rmsnorm_f16(const __half* __restrict__ x, const __half* __restrict__ w, __half* 
 #pragma unroll
         for (int c = 0; c < CACHE; ++c) {
             const unsigned int i = tid + c * bs;
-            if (i < n) store8(y8 + i, scale(cache[c], wcache[c], inv));
+            if (i < n) y8[i] = scale(cache[c], wcache[c], inv);
         }
-        for (unsigned int i = tid + CACHE * bs; i < n; i += bs)
-            store8(y8 + i, scale(x8[i], w8[i], inv));
+        for (unsigned int i = tid + CACHE * bs; i < n; i += bs) y8[i] = scale(x8[i], w8[i], inv);
     } else {
         for (unsigned int i = tid; i < cols; i += bs)
             yr[i] = __float2half(__half2float(xr[i]) * inv * __half2float(w[i]));

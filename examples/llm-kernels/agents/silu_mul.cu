@@ -19,16 +19,19 @@
 // 2-D grid's third span of each token has 1376 - 2 x 512 = 352 of its 512 vectors, so 10%
 // of the resident threads idle; a flat grid has every thread of every block but the
 // last one busy. It costs one division per vector.
-// LOAD_HINT picks the cache policy of the 16-byte loads (every input byte is read once):
+// LOAD_HINT picks the cache policy of the 16-byte loads (every input byte is read once).
+// Measured in the loop on the H200 with FLAT = 1, UNROLL = 1 (docs/runs/2026-11-30-h200-
+// cache-hints): none of them is a win, the default stays 0.
 //   0: __ldg (ld.global.nc);
-//   1: ld.global.nc.L1::no_allocate.L2::256B, 256-byte DRAM fetches (a warp's gate and up
-//      rows are 512 contiguous bytes each): 0.5% slower at 4096x11008 in run-1796013015;
-//   2: ld.global.nc.L1::no_allocate.L2::evict_first: input lines leave L2 before the
-//      output's, which the streaming stores already mark evict-first;
-//   3: ld.global.nc.L1::no_allocate: no L1 line for data read once, L2 policy unchanged;
-//   4: ld.global.cs (cache streaming: evict-first at every level).
-// STORE_PLAIN = 1: write-back stores instead of the streaming (evict-first) ones: 6% slower
-// at 4096x11008 and 9% at 16384x4096 in run-1796013015, the output's dirty lines crowd L2.
+//   1: ld.global.nc.L1::no_allocate.L2::256B, 256-byte DRAM fetches: 0.4-0.5% slower;
+//   2: ld.global.nc.L1::no_allocate.L2::evict_first: refused by the driver's PTX JIT
+//      (CUDA_ERROR_INVALID_PTX, driver 580.159.04);
+//   3: ld.global.nc.L1::no_allocate: 0.1-0.7% faster in the loop, not in the bench after;
+//   4: ld.global.cs (cache streaming, evict-first): as 3.
+// STORE_PLAIN = 1: write-back stores instead of the streaming ones. With LOAD_HINT = 1 they
+// were 6.0% slower at 4096x11008 and 8.3% at 16384x4096 than the streaming stores with the
+// same loads; the same change in softmax, layer_norm and rmsnorm (streaming stores in place
+// of their write-back ones) made those 0.5-1.6% slower: the policy's effect is the kernel's.
 #include <cuda_fp16.h>
 
 #ifndef FLAT

@@ -38,21 +38,6 @@
 #define WARPS 8
 #endif
 #define LOG2E 1.4426950408889634f
-
-// STREAM_STORES = 1: the float4 stores of y are streaming (st.global.cs, evict-first in
-// L2): y is never re-read by this kernel, and write-back stores, whose dirty lines stay in
-// L2 at normal priority, cost silu_mul 6-9% at its large shapes on the H200
-// (docs/runs/2026-11-30-h200-silu-cache-hints).
-#ifndef STREAM_STORES
-#define STREAM_STORES 0
-#endif
-__device__ __forceinline__ void store4(float4* p, float4 v) {
-#if STREAM_STORES && defined(__CUDA_ARCH__)
-    __stcs(p, v);
-#else
-    *p = v;
-#endif
-}
 // Cluster mode, GATHER = 1: one warp of each block gathers the cluster's (max, sum) pairs,
 // lane r reading block r's, instead of every thread reading all CLUSTER of them.
 #ifndef GATHER
@@ -235,8 +220,8 @@ __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
     for (int i = 0; i < WARP_CACHE; ++i) {
         const unsigned int v = lane + 32u * i;
         if (v < nv)
-            store4(yv + v, make_float4(cache[i].x * inv, cache[i].y * inv, cache[i].z * inv,
-                                       cache[i].w * inv));
+            yv[v] = make_float4(cache[i].x * inv, cache[i].y * inv, cache[i].z * inv,
+                                cache[i].w * inv);
     }
     if (has_head) yr[lane] = hv * inv;
     if (has_tail) yr[tail0 + lane] = tv * inv;
@@ -355,14 +340,13 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
     for (int i = 0; i < CACHE; ++i) {
         const unsigned int v = v0 + tid + i * bs;
         if (v < v1)
-            store4(yv + v,
-                   make_float4(__expf(cache[i].x - m) * inv, __expf(cache[i].y - m) * inv,
-                               __expf(cache[i].z - m) * inv, __expf(cache[i].w - m) * inv));
+            yv[v] = make_float4(__expf(cache[i].x - m) * inv, __expf(cache[i].y - m) * inv,
+                                __expf(cache[i].z - m) * inv, __expf(cache[i].w - m) * inv);
     }
     for (unsigned int v = v0 + tid + CACHE * bs; v < v1; v += bs) {
         const float4 a = xv[v];
-        store4(yv + v, make_float4(__expf(a.x - m) * inv, __expf(a.y - m) * inv,
-                                   __expf(a.z - m) * inv, __expf(a.w - m) * inv));
+        yv[v] = make_float4(__expf(a.x - m) * inv, __expf(a.y - m) * inv, __expf(a.z - m) * inv,
+                            __expf(a.w - m) * inv);
     }
     if (part == 0) {
         for (unsigned int c = tid; c < head; c += bs) yr[c] = __expf(xr[c] - m) * inv;
