@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Writes a copy of agents/softmax.cu (argv[1]) to argv[2] with phase stamps: clock64 at the
+# Writes a copy of agents/softmax.cu (argv[1], as of the split-mode template) to argv[2] with phase stamps: clock64 at the
 # split path's phase boundaries and %globaltimer at entry and exit, stored by thread 0 of
 # each block into g_phase (8 slots a block), and read_phases() to copy them to the host.
 import sys
@@ -13,9 +13,10 @@ def before(anchor, text):
     assert s.count(anchor) == 1, anchor
     s = s.replace(anchor, text + anchor)
 gt = 'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));'
-after("    if (split && cluster_blocks() != CLUSTER) __trap();\n",
+after("    const unsigned int tid = threadIdx.x, bs = blockDim.x;\n",
       "    long long g0; { long long g; " + gt + " g0 = g; }\n    const long long p0 = clock64();\n")
-after("    cached_stats<CACHE>(cache, m, s);\n", "    const long long p1 = clock64();\n")
+after("    const float cache_max = m;  // what the REUSE cache is relative to\n",
+      "    const long long p1 = clock64();\n")
 before("    float2 st = block_stats;\n", "    const long long p2 = clock64();\n")
 after("    m = st.x;\n", "    const long long p3 = clock64();\n")
 before("    if (split) cluster_wait();\n", "    const long long p4 = clock64();\n")

@@ -30,6 +30,15 @@
 #ifndef CACHE
 #define CACHE 8
 #endif
+// The split mode's float4s a thread in registers (its launch rule sizes the block for 4) and
+// whether it reuses the statistics pass's exponentials (see softmax_block_rows). Defaults:
+// the block mode's CACHE, no reuse.
+#ifndef SPLIT_CACHE
+#define SPLIT_CACHE CACHE
+#endif
+#ifndef SPLIT_REUSE
+#define SPLIT_REUSE 0
+#endif
 #ifndef WARP_CACHE
 #define WARP_CACHE 8
 #endif
@@ -227,22 +236,19 @@ __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
     if (has_tail) yr[tail0 + lane] = tv * inv;
 }
 
-extern "C" __global__ void __launch_bounds__(1024)
-softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int rows,
-            unsigned int cols) {
-    if (warp_rows(rows, cols)) {
-        softmax_warp_row(x, y, rows, cols);
-        return;
-    }
+// The block and split modes: N float4s a thread cached in registers. REUSE: the cache keeps
+// 2^(x log2 e - m log2 e) for the cache's own max m (one FFMA and one MUFU ex2 each, as the
+// warp mode does), and the write pass scales it by exp(m - row max) / sum: no second
+// exponential per element. Without REUSE the write pass computes exp(x - row max) again.
+template <int N, bool REUSE>
+__device__ __forceinline__ void softmax_block_rows(const float* __restrict__ x,
+                                                   float* __restrict__ y, unsigned int rows,
+                                                   unsigned int cols, bool split) {
     __shared__ float2 warp_stats[32];
     __shared__ float2 block_stats;
 #if GATHER
     __shared__ float2 row_stats;
 #endif
-    const bool split = split_rows(rows, cols);
-    // The split mode's slices and exchange need the launch rule's cluster: fault loudly
-    // rather than write wrong rows when launched without it.
-    if (split && cluster_blocks() != CLUSTER) __trap();
     const unsigned int part = split ? cluster_rank() : 0u;
     const unsigned int parts = split ? CLUSTER : 1u;
     const unsigned int row = split ? blockIdx.x / CLUSTER : blockIdx.x;
@@ -260,15 +266,34 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
     const unsigned int tid = threadIdx.x, bs = blockDim.x;
 
     // Pass 1: statistics. The cached vectors are all loaded before any is used.
-    float4 cache[CACHE];
+    float4 cache[N];
 #pragma unroll
-    for (int i = 0; i < CACHE; ++i) {
+    for (int i = 0; i < N; ++i) {
         const unsigned int v = v0 + tid + i * bs;
         cache[i] = v < v1 ? xv[v] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
     }
     float m, s;
-    cached_stats<CACHE>(cache, m, s);
-    for (unsigned int v = v0 + tid + CACHE * bs; v < v1; v += bs) {
+    if (REUSE) {
+        m = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+            m = fmaxf(m, fmaxf(fmaxf(cache[i].x, cache[i].y), fmaxf(cache[i].z, cache[i].w)));
+        // An all -inf cache (padding, or -inf inputs) keeps 2^-inf = 0, not a NaN.
+        const float ml = m == NEG_INF ? 0.0f : m * LOG2E;
+        s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            cache[i].x = fast_exp2(fmaf(cache[i].x, LOG2E, -ml));
+            cache[i].y = fast_exp2(fmaf(cache[i].y, LOG2E, -ml));
+            cache[i].z = fast_exp2(fmaf(cache[i].z, LOG2E, -ml));
+            cache[i].w = fast_exp2(fmaf(cache[i].w, LOG2E, -ml));
+            s += (cache[i].x + cache[i].y) + (cache[i].z + cache[i].w);
+        }
+    } else {
+        cached_stats<N>(cache, m, s);
+    }
+    const float cache_max = m;  // what the REUSE cache is relative to
+    for (unsigned int v = v0 + tid + N * bs; v < v1; v += bs) {
         const float4 a = xv[v];
         const float lm = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
         const float nm = fmaxf(m, lm);
@@ -336,14 +361,25 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
     const float inv = 1.0f / st.y;
 
     // Pass 2: write, from registers where cached.
+    if (REUSE) {
+        const float scale = __expf(cache_max - m) * inv;
 #pragma unroll
-    for (int i = 0; i < CACHE; ++i) {
-        const unsigned int v = v0 + tid + i * bs;
-        if (v < v1)
-            yv[v] = make_float4(__expf(cache[i].x - m) * inv, __expf(cache[i].y - m) * inv,
-                                __expf(cache[i].z - m) * inv, __expf(cache[i].w - m) * inv);
+        for (int i = 0; i < N; ++i) {
+            const unsigned int v = v0 + tid + i * bs;
+            if (v < v1)
+                yv[v] = make_float4(cache[i].x * scale, cache[i].y * scale, cache[i].z * scale,
+                                    cache[i].w * scale);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const unsigned int v = v0 + tid + i * bs;
+            if (v < v1)
+                yv[v] = make_float4(__expf(cache[i].x - m) * inv, __expf(cache[i].y - m) * inv,
+                                    __expf(cache[i].z - m) * inv, __expf(cache[i].w - m) * inv);
+        }
     }
-    for (unsigned int v = v0 + tid + CACHE * bs; v < v1; v += bs) {
+    for (unsigned int v = v0 + tid + N * bs; v < v1; v += bs) {
         const float4 a = xv[v];
         yv[v] = make_float4(__expf(a.x - m) * inv, __expf(a.y - m) * inv, __expf(a.z - m) * inv,
                             __expf(a.w - m) * inv);
@@ -353,4 +389,21 @@ softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int row
         for (unsigned int c = tail0 + tid; c < cols; c += bs) yr[c] = __expf(xr[c] - m) * inv;
     }
     if (split) cluster_wait();
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+softmax_f32(const float* __restrict__ x, float* __restrict__ y, unsigned int rows,
+            unsigned int cols) {
+    if (warp_rows(rows, cols)) {
+        softmax_warp_row(x, y, rows, cols);
+        return;
+    }
+    const bool split = split_rows(rows, cols);
+    // The split mode's slices and exchange need the launch rule's cluster: fault loudly
+    // rather than write wrong rows when launched without it.
+    if (split && cluster_blocks() != CLUSTER) __trap();
+    if (split)
+        softmax_block_rows<SPLIT_CACHE, SPLIT_REUSE != 0>(x, y, rows, cols, true);
+    else
+        softmax_block_rows<CACHE, false>(x, y, rows, cols, false);
 }
