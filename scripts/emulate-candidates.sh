@@ -71,7 +71,7 @@ g++ $flags gemm_test.cpp -o gemm_test
 g++ $flags -DWIDE_MIN_TILES=1 gemm_test.cpp -o gemm_test_wide
 g++ $flags norms_test.cpp -o norms_test
 # The softmax and silu_mul proposals differ only in geometry defines: each runs.
-for geometry in "-DWARPS=1" "-DWARPS=2"; do
+for geometry in "-DWARPS=1" "-DWARPS=2" "-DWARPS=1 -DHEAD_REGS=1"; do
     g++ $flags $geometry norms_test.cpp -o "norms_test$geometry"
 done
 for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64" "-DFLAT=1" "-DFLAT=1 -DUNROLL=1" "-DFLAT=1 -DUNROLL=1 -DSTORE_PLAIN=1 -DLOAD_HINT=1"; do
@@ -83,7 +83,7 @@ for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3" "-DTILES=2" "-DTILES=3" "-DORDE
     "./mem_test${order// /}" | grep transpose
 done
 ./norms_test
-for geometry in "-DWARPS=1" "-DWARPS=2"; do
+for geometry in "-DWARPS=1" "-DWARPS=2" "-DWARPS=1 -DHEAD_REGS=1"; do
     echo "softmax $geometry:"
     "./norms_test$geometry" | grep -E "softmax|failed"
 done

@@ -39,6 +39,9 @@
 #ifndef SPLIT_REUSE
 #define SPLIT_REUSE 0
 #endif
+#ifndef HEAD_REGS
+#define HEAD_REGS 0
+#endif
 #ifndef WARP_CACHE
 #define WARP_CACHE 8
 #endif
@@ -272,6 +275,17 @@ __device__ __forceinline__ void softmax_block_rows(const float* __restrict__ x,
         const unsigned int v = v0 + tid + i * bs;
         cache[i] = v < v1 ? xv[v] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
     }
+    // The scalar head and tail (at most 3 floats each when the rows are co-aligned, block 0
+    // of the row's share) are loaded with the vectors and kept: re-reading them after the
+    // exchange put a dependent memory round trip before the last stores (8x50257 ran
+    // 0.6 us slower than 8x50256, docs/runs/2026-11-30-h200-split-anatomy). HEAD_REGS = 0
+    // keeps the loops for them. Rows not co-aligned (head = cols) always take the loops.
+    const unsigned int tail0 = head + 4 * nv;  // first element after the body
+    const bool edge_regs = HEAD_REGS && head <= 3u;
+    const bool has_head = edge_regs && part == 0 && tid < head;
+    const bool has_tail = edge_regs && part == 0 && tail0 + tid < cols;
+    const float hv = has_head ? xr[tid] : NEG_INF;
+    const float tv = has_tail ? xr[tail0 + tid] : NEG_INF;
     float m, s;
     if (REUSE) {
         m = NEG_INF;
@@ -301,8 +315,10 @@ __device__ __forceinline__ void softmax_block_rows(const float* __restrict__ x,
             (__expf(a.z - nm) + __expf(a.w - nm));
         m = nm;
     }
-    const unsigned int tail0 = head + 4 * nv;  // first element after the body
-    if (part == 0) {
+    if (edge_regs) {
+        if (has_head) add(m, s, hv);
+        if (has_tail) add(m, s, tv);
+    } else if (part == 0) {
         for (unsigned int c = tid; c < head; c += bs) add(m, s, xr[c]);
         for (unsigned int c = tail0 + tid; c < cols; c += bs) add(m, s, xr[c]);
     }
@@ -384,7 +400,10 @@ __device__ __forceinline__ void softmax_block_rows(const float* __restrict__ x,
         yv[v] = make_float4(__expf(a.x - m) * inv, __expf(a.y - m) * inv, __expf(a.z - m) * inv,
                             __expf(a.w - m) * inv);
     }
-    if (part == 0) {
+    if (edge_regs) {
+        if (has_head) yr[tid] = __expf(hv - m) * inv;
+        if (has_tail) yr[tail0 + tid] = __expf(tv - m) * inv;
+    } else if (part == 0) {
         for (unsigned int c = tid; c < head; c += bs) yr[c] = __expf(xr[c] - m) * inv;
         for (unsigned int c = tail0 + tid; c < cols; c += bs) yr[c] = __expf(xr[c] - m) * inv;
     }
