@@ -200,6 +200,15 @@ fn optimize_softmax(
     kopt_on_fake(ws, &args)
 }
 
+/// The example's variant of softmax accepted for sm_90, read from its lock file (the tests
+/// follow the committed examples rather than naming a variant).
+fn accepted_softmax(ws: &kopt_tests::ExampleWorkspace) -> String {
+    let text = std::fs::read_to_string(ws.krate.join("kopt/softmax/kopt.lock")).unwrap();
+    let lock = kopt_spec::files::LockFile::parse(&text).unwrap();
+    let entry = lock.entries_for("sm_90").next().unwrap();
+    entry.variant.clone()
+}
+
 /// `cargo kopt ARGS` on the fake device, in a workspace copy, to completion.
 fn kopt_on_fake(ws: &kopt_tests::ExampleWorkspace, args: &[&str]) -> std::process::Output {
     ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
@@ -901,7 +910,8 @@ fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
     let s = setup();
     let run = |args: &[&str]| kopt_on_fake(&ws, args);
     // An accepted variant 1.2x faster than the reference on the fake device.
-    let accepted = ws.krate.join("kopt/softmax/run-1795985295-r1c1");
+    let accepted_id = accepted_softmax(&ws);
+    let accepted = ws.krate.join("kopt/softmax").join(&accepted_id);
     let fast = ws.krate.join("kopt/softmax/fast");
     std::fs::create_dir_all(&fast).unwrap();
     for f in std::fs::read_dir(&accepted).unwrap().flatten() {
@@ -911,7 +921,7 @@ fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
     let text = std::fs::read_to_string(&toml).unwrap();
     std::fs::write(
         &toml,
-        text.replace("id = \"run-1795985295-r1c1\"", "id = \"fast\""),
+        text.replace(&format!("id = \"{accepted_id}\""), "id = \"fast\""),
     )
     .unwrap();
     let cu = fast.join("kernel.cu");
@@ -1090,7 +1100,7 @@ fn a_win_must_clear_the_timing_noise_measured_in_the_run() {
     // two jobs, and 4.5% is a win.
     let (v, journal) = optimize("quiet");
     let k = &v["kernels"][0];
-    assert_eq!(k["noise"]["version"], "run-1795985295-r1c1", "{v}");
+    assert_eq!(k["noise"]["version"], accepted_softmax(&ws).as_str(), "{v}");
     assert!(k["noise"]["deviations"]
         .as_object()
         .unwrap()

@@ -766,6 +766,23 @@ pub fn bottleneck_class(diagnosis: &str) -> String {
         .map_or(d.trim().to_string(), |(_, c)| c.to_string())
 }
 
+/// A case's bottleneck: the diagnosis as the agent wrote it when it names a known class;
+/// otherwise the class the profiler measured on the version before the change, followed by
+/// the diagnosis. A case whose agent described its bottleneck in its own words ("few long
+/// rows: ...") still counts for its class's confidence, as the metrics it is found by
+/// come from that same snapshot.
+pub fn case_bottleneck(diagnosis: &str, measured_before: Option<&str>) -> String {
+    let named = BOTTLENECK_CLASSES
+        .iter()
+        .any(|c| diagnosis.to_ascii_lowercase().contains(c));
+    match measured_before.map(str::trim) {
+        Some(class) if !named && BOTTLENECK_CLASSES.contains(&class) => {
+            format!("{class} (measured before the change): {diagnosis}")
+        }
+        _ => diagnosis.to_string(),
+    }
+}
+
 /// The confidence of a diagnosis: the score of the nearest accepted neighbour with the
 /// same bottleneck class, and the accepted neighbours that support it, nearest first.
 pub fn confidence(neighbours: &[Neighbour], bottleneck: &str) -> files::Confidence {
@@ -832,7 +849,12 @@ pub fn case_from_rationale(v: &VariantCase) -> Case {
             source_tokens: features::source_tokens(v.before_source),
         },
         diagnosis: CaseDiagnosis {
-            bottleneck: r.diagnosis.bottleneck.clone(),
+            bottleneck: case_bottleneck(
+                &r.diagnosis.bottleneck,
+                r.snapshots
+                    .as_ref()
+                    .map(|s| s.before.classification.as_str()),
+            ),
             explanation: r.diagnosis.explanation.clone(),
         },
         change: r
@@ -1097,6 +1119,22 @@ mod tests {
         );
         assert_eq!(bottleneck_class("Latency-bound"), "latency-bound");
         assert_eq!(bottleneck_class("odd one"), "odd one");
+    }
+
+    #[test]
+    fn a_diagnosis_without_a_class_takes_the_measured_one() {
+        let own_words = "few long rows: a dependent global load after the cluster exchange";
+        let b = case_bottleneck(own_words, Some("memory-bound"));
+        assert_eq!(
+            b,
+            "memory-bound (measured before the change): few long rows: a dependent global load after the cluster exchange"
+        );
+        assert_eq!(bottleneck_class(&b), "memory-bound");
+        // A named class is the agent's to give; no snapshot, or an unknown class, changes nothing.
+        let named = "latency-bound: the exchange waits";
+        assert_eq!(case_bottleneck(named, Some("memory-bound")), named);
+        assert_eq!(case_bottleneck(own_words, None), own_words);
+        assert_eq!(case_bottleneck(own_words, Some("unknown")), own_words);
     }
 
     #[test]
