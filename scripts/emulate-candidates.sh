@@ -62,7 +62,8 @@ g++ $flags mem_test.cpp -o mem_test
 # last band on the test shapes. TILES (tiles per block) of 2 and 3 leave a last block with
 # fewer tiles than TILES on some shapes; with ORDER=1, as the proposals run it. THREADS of
 # 64, 128 and 512 give each warp 16, 8 and 2 chunks of a tile.
-for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3" "-DTILES=2" "-DTILES=3" "-DORDER=1 -DTILES=4" "-DORDER=1 -DTHREADS=128" "-DTHREADS=128 -DTILES=2" "-DTHREADS=512" "-DTHREADS=64 -DORDER=1"; do
+transpose_defines=("-DORDER=0" "-DORDER=1" "-DGROUP=3" "-DTILES=2" "-DTILES=3" "-DORDER=1 -DTILES=4" "-DORDER=1 -DTHREADS=128" "-DTHREADS=128 -DTILES=2" "-DTHREADS=512" "-DTHREADS=64 -DORDER=1")
+for order in "${transpose_defines[@]}"; do
     g++ $flags $order mem_test.cpp -o "mem_test${order// /}"
 done
 # The gemm candidate picks its tile from the tile count; WIDE_MIN_TILES=1 sends these small
@@ -71,23 +72,25 @@ g++ $flags gemm_test.cpp -o gemm_test
 g++ $flags -DWIDE_MIN_TILES=1 gemm_test.cpp -o gemm_test_wide
 g++ $flags norms_test.cpp -o norms_test
 # The softmax and silu_mul proposals differ only in geometry defines: each runs.
-for geometry in "-DWARPS=1" "-DWARPS=2" "-DWARPS=1 -DHEAD_REGS=1"; do
+softmax_defines=("-DWARPS=1" "-DWARPS=2" "-DWARPS=1 -DHEAD_REGS=1")
+silu_defines=("-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64" "-DFLAT=1" "-DFLAT=1 -DUNROLL=1" "-DFLAT=1 -DUNROLL=1 -DSTORE_PLAIN=1 -DLOAD_HINT=1")
+for geometry in "${softmax_defines[@]}"; do
     g++ $flags $geometry norms_test.cpp -o "norms_test$geometry"
 done
-for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64" "-DFLAT=1" "-DFLAT=1 -DUNROLL=1" "-DFLAT=1 -DUNROLL=1 -DSTORE_PLAIN=1 -DLOAD_HINT=1"; do
+for geometry in "${silu_defines[@]}"; do
     g++ $flags $geometry mem_test.cpp -o "mem_test${geometry// /}"
 done
 ./mem_test
-for order in "-DORDER=0" "-DORDER=1" "-DGROUP=3" "-DTILES=2" "-DTILES=3" "-DORDER=1 -DTILES=4" "-DORDER=1 -DTHREADS=128" "-DTHREADS=128 -DTILES=2" "-DTHREADS=512" "-DTHREADS=64 -DORDER=1"; do
+for order in "${transpose_defines[@]}"; do
     echo "transpose $order:"
     "./mem_test${order// /}" | grep transpose
 done
 ./norms_test
-for geometry in "-DWARPS=1" "-DWARPS=2" "-DWARPS=1 -DHEAD_REGS=1"; do
+for geometry in "${softmax_defines[@]}"; do
     echo "softmax $geometry:"
     "./norms_test$geometry" | grep -E "softmax|failed"
 done
-for geometry in "-DSMALL_U=2" "-DSMALL_U=2 -DSMALL_THREADS=64" "-DFLAT=1" "-DFLAT=1 -DUNROLL=1" "-DFLAT=1 -DUNROLL=1 -DSTORE_PLAIN=1 -DLOAD_HINT=1"; do
+for geometry in "${silu_defines[@]}"; do
     echo "silu_mul $geometry:"
     "./mem_test${geometry// /}" | grep -E "silu|failed"
 done

@@ -772,9 +772,7 @@ pub fn bottleneck_class(diagnosis: &str) -> String {
 /// rows: ...") still counts for its class's confidence, as the metrics it is found by
 /// come from that same snapshot.
 pub fn case_bottleneck(diagnosis: &str, measured_before: Option<&str>) -> String {
-    let named = BOTTLENECK_CLASSES
-        .iter()
-        .any(|c| diagnosis.to_ascii_lowercase().contains(c));
+    let named = BOTTLENECK_CLASSES.contains(&bottleneck_class(diagnosis).as_str());
     match measured_before.map(str::trim) {
         Some(class) if !named && BOTTLENECK_CLASSES.contains(&class) => {
             format!("{class} (measured before the change): {diagnosis}")
