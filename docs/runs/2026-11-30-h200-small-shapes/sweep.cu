@@ -1,0 +1,444 @@
+// Launch geometry and define sweeps of the suite's kernels on the shapes furthest from a
+// same-size copy (softmax 16x65536 and 8x50257, rmsnorm 1x4096 and 64x8192, layer_norm
+// 64x4096, reduce_sum n=1000) and on silu_mul's two large shapes (level with
+// torch.compile), in one process, before any of them goes through kopt's loop.
+//
+// Each variant is a kernel object that run.sh compiles from the accepted variant's
+// kernel.cu or from examples/llm-kernels/agents/<kernel>.cu with some defines, its entry
+// renamed. Timing is kopt's method: CUDA graphs of 32 launches over input and output sets
+// that together exceed twice the L2 (at most 64 sets), median of 15 replays, per launch. Three rounds, the
+// variants interleaved within a round. The ruler of each shape is the faster of a copy
+// kernel and cudaMemcpyAsync moving half the shape's ideal bytes (the suite's same-size
+// copy). Every variant's output is compared with the accepted variant's on the same input
+// (a check that it computed the same thing, not a verification: kopt's loop does that).
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                               \
+    do {                                                                                    \
+        cudaError_t e = (x);                                                                \
+        if (e != cudaSuccess) {                                                             \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+            exit(1);                                                                        \
+        }                                                                                   \
+    } while (0)
+
+// Kernels built by run.sh (renamed entries) and ruler.cu: __global__ under nvcc (their host
+// stubs), plain declarations for a host compiler's syntax check.
+#ifdef __CUDACC__
+#define KERNEL extern "C" __global__ void
+#else
+#define KERNEL extern "C" void
+#endif
+#define SOFTMAX(n) KERNEL n(const float*, float*, unsigned, unsigned);
+SOFTMAX(sm_acc) SOFTMAX(sm_agent) SOFTMAX(sm_wx) SOFTMAX(sm_reuse) SOFTMAX(sm_wx_reuse)
+SOFTMAX(sm_c16) SOFTMAX(sm_c16_wx)
+#define RMS(n) KERNEL n(const void*, const void*, void*, unsigned, unsigned, float);
+RMS(rms_acc) RMS(rms_c8) RMS(rms_c16)
+#define LN(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, float);
+LN(ln_acc) LN(ln_fv2) LN(ln_fv4) LN(ln_fv8)
+KERNEL rs_acc(const float*, float*, unsigned long long);
+#define SILU(n) KERNEL n(const void*, void*, unsigned, unsigned);
+SILU(si_acc) SILU(si_agent) SILU(si_sp1) SILU(si_sp2) SILU(si_lh5) SILU(si_lh5_sp1) SILU(si_u1)
+SILU(si_u4) SILU(si_flat1) SILU(si_flat2) SILU(si_t512) SILU(si_lh3)
+KERNEL copy_f4(const void*, void*, unsigned long long);
+
+static cudaStream_t g_stream;
+
+static void launch(const void* fn, dim3 grid, dim3 block, unsigned cluster, void** args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = g_stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = cluster > 1 ? 1 : 0;
+    CK(cudaLaunchKernelExC(&cfg, fn, args));
+}
+
+// Median over 15 replays of a graph of captured calls of body(i), in us per call: at least
+// 32 calls, a whole number of rounds over `sets` (each replay reads every set alike).
+static double time_graph(int sets, const std::function<void(int)>& body) {
+    const int calls = (std::max(32, sets) + sets - 1) / sets * sets, replays = 15;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < calls; ++i) body(i);
+    CK(cudaStreamEndCapture(g_stream, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(ge, g_stream));  // warm-up
+    CK(cudaStreamSynchronize(g_stream));
+    std::vector<float> ms;
+    for (int r = 0; r < replays; ++r) {
+        CK(cudaEventRecord(e0, g_stream));
+        CK(cudaGraphLaunch(ge, g_stream));
+        CK(cudaEventRecord(e1, g_stream));
+        CK(cudaEventSynchronize(e1));
+        float t = 0;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return 1000.0 * ms[ms.size() / 2] / calls;
+}
+
+// One buffer role of a shape, `sets` copies `stride` bytes apart in one allocation.
+struct Role {
+    char* base = nullptr;
+    size_t bytes = 0, stride = 0;
+    void* at(int set) const { return base + (size_t)set * stride; }
+};
+
+static size_t g_l2 = 0;
+
+// A shape's buffers: roles of the given sizes, as many sets as exceed twice the L2.
+struct Shape {
+    std::vector<Role> roles;
+    int sets = 2;
+    explicit Shape(const std::vector<size_t>& bytes) {
+        size_t total = 0;
+        for (size_t b : bytes) total += (b + 4095) / 4096 * 4096;
+        // kopt's timing_sets: enough sets to exceed twice the L2, at most 64 (the small
+        // shapes are then timed warm, as kopt times them).
+        sets = total >= 2 * g_l2 ? 1 : (int)std::min<size_t>(64, (2 * g_l2 + total - 1) / total + 1);
+        for (size_t b : bytes) {
+            Role r;
+            r.bytes = b;
+            r.stride = (b + 4095) / 4096 * 4096;
+            CK(cudaMalloc(&r.base, r.stride * sets));
+            roles.push_back(r);
+        }
+    }
+    ~Shape() {
+        for (Role& r : roles) CK(cudaFree(r.base));
+    }
+    // Fills role k of every set from `host` (r.bytes of it).
+    void fill(size_t k, const void* host) {
+        for (int i = 0; i < sets; ++i)
+            CK(cudaMemcpy(roles[k].at(i), host, roles[k].bytes, cudaMemcpyHostToDevice));
+    }
+};
+
+static uint16_t f2h(float f) {  // round to nearest even, finite inputs of modest size
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    int e = (int)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t m = x & 0x7fffffu;
+    if (e <= 0) return (uint16_t)sign;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    uint32_t h = sign | ((uint32_t)e << 10) | (m >> 13);
+    const uint32_t rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+    return (uint16_t)h;
+}
+static float h2f(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const int e = (h >> 10) & 0x1f;
+    uint32_t m = h & 0x3ffu, x;
+    if (e == 0) {
+        const float v = std::ldexp((float)m, -24);
+        return sign ? -v : v;
+    }
+    if (e == 31) x = sign | 0x7f800000u | (m << 13);
+    else x = sign | ((uint32_t)(e - 15 + 127) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float uniform() {  // [0, 1)
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)(g_rng >> 40) / (float)(1ull << 24);
+}
+static float normal() {
+    const float u = std::max(uniform(), 1e-7f), v = uniform();
+    return std::sqrt(-2.0f * std::log(u)) * std::cos(6.2831853f * v);
+}
+static std::vector<float> normals(size_t n, float sd = 1.0f, float mean = 0.0f) {
+    std::vector<float> v(n);
+    for (float& x : v) x = mean + sd * normal();
+    return v;
+}
+static std::vector<uint16_t> halves(const std::vector<float>& f) {
+    std::vector<uint16_t> h(f.size());
+    for (size_t i = 0; i < f.size(); ++i) h[i] = f2h(f[i]);
+    return h;
+}
+
+// A variant of a shape: its name, and how to launch it on set i.
+struct Variant {
+    std::string name;
+    std::function<void(int)> run;
+};
+
+// Times the ruler and every variant of one shape over `rounds` rounds, prints one line
+// a variant (median of the round medians, the rounds, the ruler's share) and compares the
+// outputs (role `out`, `half` or fp32) with the first variant's.
+static void sweep(const char* kernel, const char* shape, Shape& sh, size_t ideal_bytes,
+                  const std::vector<Variant>& vs, size_t out, bool half, bool accumulates) {
+    const int rounds = 3;
+    const unsigned long long copy_n4 = ideal_bytes / 2 / 16;
+    // The ruler moves its half of the ideal bytes between two roles' worth of memory of
+    // its own (sets of its own too), so it is timed like the kernels.
+    Shape ruler({copy_n4 * 16, copy_n4 * 16});
+    std::vector<double> rul;
+    std::vector<std::vector<double>> t(vs.size());
+    for (int r = 0; r < rounds; ++r) {
+        const double k = time_graph(ruler.sets, [&](int i) {
+            const void* a = ruler.roles[0].at(i % ruler.sets);
+            void* b = ruler.roles[1].at(i % ruler.sets);
+            unsigned long long n4 = copy_n4;
+            void* args[] = {&a, &b, &n4};
+            launch((const void*)copy_f4, dim3((unsigned)std::max(1ull, (n4 + 1023) / 1024)),
+                   dim3(256), 1, args);
+        });
+        const double m = time_graph(ruler.sets, [&](int i) {
+            CK(cudaMemcpyAsync(ruler.roles[1].at(i % ruler.sets), ruler.roles[0].at(i % ruler.sets),
+                               copy_n4 * 16, cudaMemcpyDeviceToDevice, g_stream));
+        });
+        rul.push_back(std::min(k, m));
+        for (size_t v = 0; v < vs.size(); ++v)
+            t[v].push_back(time_graph(sh.sets, [&](int i) { vs[v].run(i % sh.sets); }));
+    }
+    std::sort(rul.begin(), rul.end());
+    const double ruler_us = rul[rul.size() / 2];
+    printf("\n%s %s: same-size copy %.2f us (%d input sets)\n", kernel, shape, ruler_us, sh.sets);
+    printf("  %-14s %8s %8s %8s %8s %9s %10s\n", "variant", "us", "r1", "r2", "r3", "of copy",
+           "max diff");
+    // Outputs: each variant once on set 0.
+    const Role& o = sh.roles[out];
+    std::vector<char> first(o.bytes), cur(o.bytes);
+    for (size_t v = 0; v < vs.size(); ++v) {
+        if (accumulates) CK(cudaMemset(o.at(0), 0, o.bytes));
+        vs[v].run(0);
+        CK(cudaStreamSynchronize(g_stream));
+        CK(cudaMemcpy(v == 0 ? first.data() : cur.data(), o.at(0), o.bytes, cudaMemcpyDeviceToHost));
+        double diff = 0;
+        if (v > 0) {
+            const size_t n = half ? o.bytes / 2 : o.bytes / 4;
+            for (size_t i = 0; i < n; ++i) {
+                double a, b;
+                if (half) {
+                    uint16_t x, y;
+                    memcpy(&x, &first[2 * i], 2);
+                    memcpy(&y, &cur[2 * i], 2);
+                    a = h2f(x);
+                    b = h2f(y);
+                } else {
+                    float x, y;
+                    memcpy(&x, &first[4 * i], 4);
+                    memcpy(&y, &cur[4 * i], 4);
+                    a = x;
+                    b = y;
+                }
+                const double d = std::isfinite(a) && std::isfinite(b) ? std::fabs(a - b) : INFINITY;
+                diff = std::max(diff, d);
+            }
+        }
+        std::vector<double> s = t[v];
+        std::sort(s.begin(), s.end());
+        printf("  %-14s %8.2f %8.2f %8.2f %8.2f %8.1f%% %10.2e\n", vs[v].name.c_str(),
+               s[s.size() / 2], t[v][0], t[v][1], t[v][2], 100.0 * ruler_us / s[s.size() / 2],
+               diff);
+    }
+    fflush(stdout);
+}
+
+static unsigned cdiv(unsigned a, unsigned b) { return (a + b - 1) / b; }
+static unsigned clampu(unsigned v, unsigned lo, unsigned hi) { return std::min(hi, std::max(lo, v)); }
+static unsigned rup(unsigned a, unsigned b) { return cdiv(a, b) * b; }
+
+int main(int argc, char** argv) {
+    const std::string only = argc > 1 ? argv[1] : "";
+    auto want = [&](const char* k) { return only.empty() || only.find(k) != std::string::npos; };
+    int l2 = 0;
+    CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    g_l2 = (size_t)l2;
+    CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    // Clusters of 16 are non-portable: allowed per function, as kopt::open_launch_limits does.
+    for (const void* f : {(const void*)sm_c16, (const void*)sm_c16_wx})
+        CK(cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+
+    if (want("softmax")) {
+        for (const std::pair<unsigned, unsigned> rc : {std::pair<unsigned, unsigned>{16, 65536}, {8, 50257}}) {
+            const unsigned rows = rc.first, cols = rc.second;
+            const size_t n = (size_t)rows * cols;
+            Shape sh({n * 4, n * 4});
+            sh.fill(0, normals(n, 2.0f).data());
+            std::vector<Variant> vs;
+            auto add = [&](const char* name, const void* fn, unsigned cluster) {
+                vs.push_back({name, [=, &sh](int i) {
+                                  const void* x = sh.roles[0].at(i);
+                                  void* y = sh.roles[1].at(i);
+                                  unsigned r = rows, c = cols;
+                                  void* args[] = {&x, &y, &r, &c};
+                                  const unsigned block =
+                                      clampu(rup(cdiv(cdiv(cols, cluster), 16), 32), 64, 1024);
+                                  launch(fn, dim3(rows * cluster), dim3(block), cluster, args);
+                              }});
+            };
+            add("accepted", (const void*)sm_acc, 8);
+            add("agent", (const void*)sm_agent, 8);
+            add("wx", (const void*)sm_wx, 8);
+            add("reuse", (const void*)sm_reuse, 8);
+            add("wx+reuse", (const void*)sm_wx_reuse, 8);
+            add("c16", (const void*)sm_c16, 16);
+            add("c16+wx", (const void*)sm_c16_wx, 16);
+            char name[32];
+            snprintf(name, sizeof name, "%ux%u", rows, cols);
+            sweep("softmax", name, sh, n * 8, vs, 1, false, false);
+        }
+    }
+    if (want("rmsnorm")) {
+        for (const std::pair<unsigned, unsigned> rc : {std::pair<unsigned, unsigned>{1, 4096}, {64, 8192}}) {
+            const unsigned rows = rc.first, cols = rc.second;
+            const size_t n = (size_t)rows * cols;
+            Shape sh({n * 2, (size_t)cols * 2, n * 2});
+            sh.fill(0, halves(normals(n)).data());
+            sh.fill(1, halves(normals(cols, 0.2f, 1.0f)).data());
+            std::vector<Variant> vs;
+            auto add = [&](const char* name, const void* fn, unsigned block) {
+                vs.push_back({name, [=, &sh](int i) {
+                                  const void* x = sh.roles[0].at(i);
+                                  const void* w = sh.roles[1].at(i);
+                                  void* y = sh.roles[2].at(i);
+                                  unsigned r = rows, c = cols;
+                                  float eps = 1e-5f;
+                                  void* args[] = {&x, &w, &y, &r, &c, &eps};
+                                  launch(fn, dim3(rows), dim3(block), 1, args);
+                              }});
+            };
+            add("accepted", (const void*)rms_acc, clampu(rup(cdiv(cols, 32), 32), 32, 512));
+            add("c4 b=cols/16", (const void*)rms_acc, clampu(rup(cdiv(cols, 16), 32), 32, 512));
+            add("c8 b=cols/64", (const void*)rms_c8, clampu(rup(cdiv(cols, 64), 32), 32, 512));
+            add("c16 b=cols/128", (const void*)rms_c16, clampu(rup(cdiv(cols, 128), 32), 32, 512));
+            char name[32];
+            snprintf(name, sizeof name, "%ux%u", rows, cols);
+            sweep("rmsnorm", name, sh, n * 4 + cols * 2, vs, 2, true, false);
+        }
+    }
+    if (want("layer_norm")) {
+        const unsigned rows = 64, cols = 4096;
+        const size_t n = (size_t)rows * cols;
+        Shape sh({n * 2, (size_t)cols * 2, (size_t)cols * 2, n * 2});
+        sh.fill(0, halves(normals(n)).data());
+        sh.fill(1, halves(normals(cols, 0.2f, 1.0f)).data());
+        sh.fill(2, halves(normals(cols, 0.1f)).data());
+        std::vector<Variant> vs;
+        auto add = [&](const char* name, const void* fn, unsigned block) {
+            vs.push_back({name, [=, &sh](int i) {
+                              const void* x = sh.roles[0].at(i);
+                              const void* w = sh.roles[1].at(i);
+                              const void* b = sh.roles[2].at(i);
+                              void* y = sh.roles[3].at(i);
+                              unsigned r = rows, c = cols;
+                              float eps = 1e-5f;
+                              void* args[] = {&x, &w, &b, &y, &r, &c, &eps};
+                              launch(fn, dim3(rows), dim3(block), 1, args);
+                          }});
+        };
+        add("accepted", (const void*)ln_acc, 512);
+        add("fv2 b=256", (const void*)ln_fv2, 256);
+        add("fv4 b=128", (const void*)ln_fv4, 128);
+        add("fv8 b=64", (const void*)ln_fv8, 64);
+        sweep("layer_norm", "64x4096", sh, n * 4 + cols * 4, vs, 3, true, false);
+    }
+    if (want("reduce_sum")) {
+        for (unsigned long long n : {1000ull, 1048576ull}) {
+            Shape sh({n * 4, 4});
+            sh.fill(0, normals(n, 1.0f, 1.0f).data());
+            std::vector<Variant> vs;
+            auto add = [&](std::string name, unsigned grid, unsigned block) {
+                vs.push_back({name, [=, &sh](int i) {
+                                  const void* x = sh.roles[0].at(i);
+                                  void* o = sh.roles[1].at(i);
+                                  unsigned long long nn = n;
+                                  void* args[] = {&x, &o, &nn};
+                                  launch((const void*)rs_acc, dim3(grid), dim3(block), 1, args);
+                              }});
+            };
+            const unsigned acc_grid = (unsigned)std::min<unsigned long long>((n + 4095) / 4096, 1056);
+            add("accepted", acc_grid, 256);
+            if (n == 1000) {
+                for (unsigned b : {32u, 64u, 128u}) add("g1 b=" + std::to_string(b), 1, b);
+                add("g4 b=64", 4, 64);
+                add("g8 b=32", 8, 32);
+            } else {
+                add("g=n/8192 b=256", (unsigned)((n + 8191) / 8192), 256);
+                add("g=n/2048 b=256", (unsigned)((n + 2047) / 2048), 256);
+                add("g=n/4096 b=128", (unsigned)((n + 4095) / 4096), 128);
+            }
+            char name[32];
+            snprintf(name, sizeof name, "n=%llu", n);
+            sweep("reduce_sum", name, sh, n * 4 + 4, vs, 1, false, true);
+        }
+    }
+    if (want("silu_mul")) {
+        for (const std::pair<unsigned, unsigned> rc : {std::pair<unsigned, unsigned>{4096, 11008}, {16384, 4096}}) {
+            const unsigned tokens = rc.first, d = rc.second;
+            const size_t n = (size_t)tokens * d;
+            Shape sh({n * 4, n * 2});
+            {
+                std::vector<float> f(2 * n);
+                for (float& v : f) v = 8.0f * uniform() - 4.0f;
+                sh.fill(0, halves(f).data());
+            }
+            std::vector<Variant> vs;
+            // flat: the FLAT = 1 one-dimensional grid; else the 2-D span grid.
+            auto add = [&](const char* name, const void* fn, unsigned u, unsigned threads,
+                           bool flat) {
+                vs.push_back({name, [=, &sh](int i) {
+                                  const void* x = sh.roles[0].at(i);
+                                  void* o = sh.roles[1].at(i);
+                                  unsigned t = tokens, dd = d;
+                                  void* args[] = {&x, &o, &t, &dd};
+                                  const dim3 grid =
+                                      flat ? dim3(cdiv(tokens * (d / 8), u * threads))
+                                           : dim3(cdiv(d, 8 * u * threads), std::min(tokens, 65535u));
+                                  launch(fn, grid, dim3(threads), 1, args);
+                              }});
+            };
+            add("accepted", (const void*)si_acc, 2, 256, false);
+            add("agent", (const void*)si_agent, 2, 256, false);
+            add("st L2 evfirst", (const void*)si_sp1, 2, 256, false);
+            add("st L1 noalloc", (const void*)si_sp2, 2, 256, false);
+            add("ld L2 evfirst", (const void*)si_lh5, 2, 256, false);
+            add("ld+st evfirst", (const void*)si_lh5_sp1, 2, 256, false);
+            add("ld L1 noalloc", (const void*)si_lh3, 2, 256, false);
+            add("U1", (const void*)si_u1, 1, 256, false);
+            add("U4", (const void*)si_u4, 4, 256, false);
+            add("flat U1", (const void*)si_flat1, 1, 256, true);
+            add("flat U2", (const void*)si_flat2, 2, 256, true);
+            add("U1 512 thr", (const void*)si_t512, 1, 512, false);
+            add("U2 128 thr", (const void*)si_acc, 2, 128, false);
+            char name[32];
+            snprintf(name, sizeof name, "%ux%u", tokens, d);
+            sweep("silu_mul", name, sh, n * 6, vs, 1, true, false);
+        }
+    }
+    CK(cudaDeviceSynchronize());
+    return 0;
+}
