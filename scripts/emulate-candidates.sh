@@ -49,6 +49,9 @@ unsigned cluster_blocks() { abort(); }
 void cluster_arrive() { abort(); }
 void cluster_wait() { abort(); }
 float2 load_remote(const float2*, unsigned) { abort(); }
+void init_exchange(unsigned long long*, unsigned) { abort(); }
+void push_pair(float2*, unsigned long long*, unsigned, float, float) { abort(); }
+void wait_exchange(unsigned long long*) { abort(); }
 __device__ __forceinline__ void warp_merge''')
 open(f"{work}/sm.cpp", "w").write(s)
 PY

@@ -16,12 +16,13 @@ obj() {
 acc() { echo "$ex/kopt/$1/$(grep -m1 '^variant' "$ex/kopt/$1/kopt.lock" | cut -d'"' -f2)/kernel.cu"; }
 sm="-DCACHE=8 -DGATHER=1 -DHEAD_REGS=1 -DSPLIT_CACHE=4 -DWARPS=1 -DWARP_CACHE=8"
 obj sm_acc softmax_f32 "$(acc softmax)" $sm -DCLUSTER=8
-obj sm_agent softmax_f32 "$ex/agents/softmax.cu" $sm -DCLUSTER=8
-obj sm_wx softmax_f32 "$ex/agents/softmax.cu" $sm -DCLUSTER=8 -DWARP_EXCHANGE=1
-obj sm_reuse softmax_f32 "$ex/agents/softmax.cu" $sm -DCLUSTER=8 -DSPLIT_REUSE=1
-obj sm_wx_reuse softmax_f32 "$ex/agents/softmax.cu" $sm -DCLUSTER=8 -DWARP_EXCHANGE=1 -DSPLIT_REUSE=1
-obj sm_c16 softmax_f32 "$ex/agents/softmax.cu" $sm -DCLUSTER=16
-obj sm_c16_wx softmax_f32 "$ex/agents/softmax.cu" $sm -DCLUSTER=16 -DWARP_EXCHANGE=1
+A="$ex/agents/softmax.cu"
+obj sm_reuse softmax_f32 "$A" $sm -DCLUSTER=8 -DSPLIT_REUSE=1
+obj sm_push softmax_f32 "$A" $sm -DCLUSTER=8 -DEXCHANGE_PUSH=1
+obj sm_push_reuse softmax_f32 "$A" $sm -DCLUSTER=8 -DEXCHANGE_PUSH=1 -DSPLIT_REUSE=1
+obj sm_push_reuse_c2 softmax_f32 "$A" ${sm/SPLIT_CACHE=4/SPLIT_CACHE=2} -DCLUSTER=8 -DEXCHANGE_PUSH=1 -DSPLIT_REUSE=1
+obj sm_reuse_c2 softmax_f32 "$A" ${sm/SPLIT_CACHE=4/SPLIT_CACHE=2} -DCLUSTER=8 -DSPLIT_REUSE=1
+obj sm_push_reuse_c8 softmax_f32 "$A" ${sm/SPLIT_CACHE=4/SPLIT_CACHE=8} -DCLUSTER=8 -DEXCHANGE_PUSH=1 -DSPLIT_REUSE=1
 obj rms_acc rmsnorm_f16 "$(acc rmsnorm)" -DCACHE=4
 obj rms_c8 rmsnorm_f16 "$ex/agents/rmsnorm.cu" -DCACHE=8
 obj rms_c16 rmsnorm_f16 "$ex/agents/rmsnorm.cu" -DCACHE=16
@@ -29,18 +30,13 @@ obj ln_acc layer_norm_f16 "$(acc layer_norm)" -DMAX_VECS=4
 for v in 2 4 8; do obj ln_fv$v layer_norm_f16 "$ex/agents/layer_norm.cu" -DMAX_VECS=4 -DFEW_VECS=$v; done
 obj rs_acc reduce_sum_f32 "$(acc reduce_sum)" -DUNROLL=4
 si="-DSMALL_THREADS=128 -DSMALL_U=1"
+S="$ex/agents/silu_mul.cu"
 obj si_acc silu_mul_f16 "$(acc silu_mul)" $si -DUNROLL=2
-obj si_agent silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DUNROLL=2
-obj si_sp1 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DUNROLL=2 -DSTORE_POLICY=1
-obj si_sp2 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DUNROLL=2 -DSTORE_POLICY=2
-obj si_lh5 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DUNROLL=2 -DLOAD_HINT=5
-obj si_lh5_sp1 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DUNROLL=2 -DLOAD_HINT=5 -DSTORE_POLICY=1
-obj si_lh3 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DUNROLL=2 -DLOAD_HINT=3
-obj si_u1 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DUNROLL=1
-obj si_u4 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DUNROLL=4
-obj si_flat1 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DFLAT=1 -DUNROLL=1
-obj si_flat2 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DFLAT=1 -DUNROLL=2
-obj si_t512 silu_mul_f16 "$ex/agents/silu_mul.cu" $si -DUNROLL=1 -DMAX_THREADS=512
+obj si_u1 silu_mul_f16 "$S" $si -DUNROLL=1
+obj si_t512 silu_mul_f16 "$S" $si -DUNROLL=1 -DMAX_THREADS=512
+obj si_t1024 silu_mul_f16 "$S" $si -DUNROLL=1 -DMAX_THREADS=1024
+obj si_flat1_512 silu_mul_f16 "$S" $si -DFLAT=1 -DUNROLL=1 -DMAX_THREADS=512
+obj si_t512_u2 silu_mul_f16 "$S" $si -DUNROLL=2 -DMAX_THREADS=512
 obj copy_f4 copy_f4 "$here/ruler.cu"
 wait
 nvcc -O3 -arch=sm_90 -std=c++17 "$here/sweep.cu" "${objs[@]}" -o "$w/sweep"

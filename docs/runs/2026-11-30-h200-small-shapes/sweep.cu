@@ -39,16 +39,15 @@
 #define KERNEL extern "C" void
 #endif
 #define SOFTMAX(n) KERNEL n(const float*, float*, unsigned, unsigned);
-SOFTMAX(sm_acc) SOFTMAX(sm_agent) SOFTMAX(sm_wx) SOFTMAX(sm_reuse) SOFTMAX(sm_wx_reuse)
-SOFTMAX(sm_c16) SOFTMAX(sm_c16_wx)
+SOFTMAX(sm_acc) SOFTMAX(sm_reuse) SOFTMAX(sm_push) SOFTMAX(sm_push_reuse) SOFTMAX(sm_push_reuse_c2)
+SOFTMAX(sm_reuse_c2) SOFTMAX(sm_push_reuse_c8)
 #define RMS(n) KERNEL n(const void*, const void*, void*, unsigned, unsigned, float);
 RMS(rms_acc) RMS(rms_c8) RMS(rms_c16)
 #define LN(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, float);
 LN(ln_acc) LN(ln_fv2) LN(ln_fv4) LN(ln_fv8)
 KERNEL rs_acc(const float*, float*, unsigned long long);
 #define SILU(n) KERNEL n(const void*, void*, unsigned, unsigned);
-SILU(si_acc) SILU(si_agent) SILU(si_sp1) SILU(si_sp2) SILU(si_lh5) SILU(si_lh5_sp1) SILU(si_u1)
-SILU(si_u4) SILU(si_flat1) SILU(si_flat2) SILU(si_t512) SILU(si_lh3)
+SILU(si_acc) SILU(si_u1) SILU(si_t512) SILU(si_t1024) SILU(si_flat1_512) SILU(si_t512_u2)
 KERNEL copy_f4(const void*, void*, unsigned long long);
 
 static cudaStream_t g_stream;
@@ -278,10 +277,6 @@ int main(int argc, char** argv) {
     CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
     g_l2 = (size_t)l2;
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-    // Clusters of 16 are non-portable: allowed per function, as kopt::open_launch_limits does.
-    for (const void* f : {(const void*)sm_c16, (const void*)sm_c16_wx})
-        CK(cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-
     if (want("softmax")) {
         for (const std::pair<unsigned, unsigned> rc : {std::pair<unsigned, unsigned>{16, 65536}, {8, 50257}}) {
             const unsigned rows = rc.first, cols = rc.second;
@@ -289,24 +284,25 @@ int main(int argc, char** argv) {
             Shape sh({n * 4, n * 4});
             sh.fill(0, normals(n, 2.0f).data());
             std::vector<Variant> vs;
-            auto add = [&](const char* name, const void* fn, unsigned cluster) {
+            // cache: the float4s a thread the launch rule sizes the block for (4 accepted).
+            auto add = [&](const char* name, const void* fn, unsigned cache) {
                 vs.push_back({name, [=, &sh](int i) {
                                   const void* x = sh.roles[0].at(i);
                                   void* y = sh.roles[1].at(i);
                                   unsigned r = rows, c = cols;
                                   void* args[] = {&x, &y, &r, &c};
                                   const unsigned block =
-                                      clampu(rup(cdiv(cdiv(cols, cluster), 16), 32), 64, 1024);
-                                  launch(fn, dim3(rows * cluster), dim3(block), cluster, args);
+                                      clampu(rup(cdiv(cdiv(cols, 8), 4 * cache), 32), 64, 1024);
+                                  launch(fn, dim3(rows * 8), dim3(block), 8, args);
                               }});
             };
-            add("accepted", (const void*)sm_acc, 8);
-            add("agent", (const void*)sm_agent, 8);
-            add("wx", (const void*)sm_wx, 8);
-            add("reuse", (const void*)sm_reuse, 8);
-            add("wx+reuse", (const void*)sm_wx_reuse, 8);
-            add("c16", (const void*)sm_c16, 16);
-            add("c16+wx", (const void*)sm_c16_wx, 16);
+            add("accepted", (const void*)sm_acc, 4);
+            add("reuse", (const void*)sm_reuse, 4);
+            add("push", (const void*)sm_push, 4);
+            add("push+reuse", (const void*)sm_push_reuse, 4);
+            add("push+reuse c2", (const void*)sm_push_reuse_c2, 2);
+            add("reuse c2", (const void*)sm_reuse_c2, 2);
+            add("push+reuse c8", (const void*)sm_push_reuse_c8, 8);
             char name[32];
             snprintf(name, sizeof name, "%ux%u", rows, cols);
             sweep("softmax", name, sh, n * 8, vs, 1, false, false);
@@ -422,18 +418,12 @@ int main(int argc, char** argv) {
                               }});
             };
             add("accepted", (const void*)si_acc, 2, 256, false);
-            add("agent", (const void*)si_agent, 2, 256, false);
-            add("st L2 evfirst", (const void*)si_sp1, 2, 256, false);
-            add("st L1 noalloc", (const void*)si_sp2, 2, 256, false);
-            add("ld L2 evfirst", (const void*)si_lh5, 2, 256, false);
-            add("ld+st evfirst", (const void*)si_lh5_sp1, 2, 256, false);
-            add("ld L1 noalloc", (const void*)si_lh3, 2, 256, false);
-            add("U1", (const void*)si_u1, 1, 256, false);
-            add("U4", (const void*)si_u4, 4, 256, false);
-            add("flat U1", (const void*)si_flat1, 1, 256, true);
-            add("flat U2", (const void*)si_flat2, 2, 256, true);
+            add("U1 128 thr", (const void*)si_u1, 1, 128, false);
+            add("U1 256 thr", (const void*)si_u1, 1, 256, false);
             add("U1 512 thr", (const void*)si_t512, 1, 512, false);
-            add("U2 128 thr", (const void*)si_acc, 2, 128, false);
+            add("U1 1024 thr", (const void*)si_t1024, 1, 1024, false);
+            add("flat U1 512", (const void*)si_flat1_512, 1, 512, true);
+            add("U2 512 thr", (const void*)si_t512_u2, 2, 512, false);
             char name[32];
             snprintf(name, sizeof name, "%ux%u", tokens, d);
             sweep("silu_mul", name, sh, n * 6, vs, 1, true, false);

@@ -7,7 +7,10 @@
 // Launch: block = clamp(round_up(cols / 32, 32), 32, 1024) threads, so that each thread
 // holds at most MAX_VECS vectors.
 // Few rows (rows < 256, latency-bound): block = clamp(round_up(cols / 8, 32), 32, 1024),
-// so a thread holds one or two vectors (FEW_VECS); x, w and b are all requested before
+// so a thread holds one or two vectors (FEW_VECS, the most it holds; a launch rule of
+// cols / (8 x FEW_VECS) threads fills them all: at 64 x 4096, 256-thread blocks ran 1.6%
+// faster than 512 and 128-thread ones 23% slower, docs/runs/2026-11-30-h200-small-shapes/
+// sweep-1.txt and sweep-2.txt); x, w and b are all requested before
 // the first use (one round trip to memory), and the mean and variance come out of one
 // pass over the registers: two sums of values shifted by the row's first element,
 // reduced together by shuffles, one barrier and shuffles again (no division, no serial
@@ -18,7 +21,9 @@
 #ifndef MAX_VECS
 #define MAX_VECS 4
 #endif
+#ifndef FEW_VECS
 #define FEW_VECS 2
+#endif
 
 // (x - mean) * rstd * w + b for 8 halves (one 16-byte vector each of x, w and b).
 __device__ __forceinline__ uint4 normalize8(const uint4& xv, const uint4& wv, const uint4& bv,

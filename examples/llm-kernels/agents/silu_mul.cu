@@ -28,6 +28,14 @@
 //      (CUDA_ERROR_INVALID_PTX, driver 580.159.04);
 //   3: ld.global.nc.L1::no_allocate: 0.1-0.7% faster in the loop, not in the bench after;
 //   4: ld.global.cs (cache streaming, evict-first): as 3.
+//   5: ld.global.nc.L2::cache_hint with an L2 evict-first policy (createpolicy): level
+//      (docs/runs/2026-11-30-h200-small-shapes/sweep-1.txt).
+// STORE_POLICY: 1, st.global.L2::cache_hint with an evict-first policy; 2,
+// st.global.L1::no_allocate; both level with the streaming stores in the same sweep.
+// MAX_THREADS: the many-token launch's block (and the kernel's launch bounds). One
+// vector pair a thread (UNROLL = 1) in 512-thread blocks moved the two large shapes 0.6-0.8%
+// faster than UNROLL = 2 in 256-thread blocks in that sweep; 1024 threads were 4-11%
+// slower.
 // STORE_PLAIN = 1: write-back stores instead of the streaming ones. With LOAD_HINT = 1 they
 // were 6.0% slower at 4096x11008 and 8.3% at 16384x4096 than the streaming stores with the
 // same loads; the same change in softmax, layer_norm and rmsnorm (streaming stores in place
@@ -51,6 +59,13 @@
 #endif
 #ifndef STORE_PLAIN
 #define STORE_PLAIN 0
+#endif
+#ifndef STORE_POLICY
+#define STORE_POLICY 0
+#endif
+// Threads a block at most (the launch rule's many-token block).
+#ifndef MAX_THREADS
+#define MAX_THREADS 256
 #endif
 
 // 2^x and 1/x by the MUFU approximations (ex2.approx.ftz, rcp.approx.ftz); plain C++ where
@@ -83,6 +98,17 @@ __device__ __forceinline__ float silu_mul1(float g, float u) {
 __device__ __forceinline__ void store_cs(uint4* p, uint4 v) {
 #if STORE_PLAIN
     *p = v;
+#elif STORE_POLICY == 1 && defined(__CUDA_ARCH__)
+    // L2 evict-first by an explicit cache policy (createpolicy), L1 write-through as usual.
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p),
+                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
+                 : "memory");
+#elif STORE_POLICY == 2 && defined(__CUDA_ARCH__)
+    asm volatile("st.global.L1::no_allocate.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
 #else
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
                  "r"(v.z), "r"(v.w)
@@ -101,7 +127,15 @@ __device__ __forceinline__ void store_cs(uint4* p, uint4 v) {
 #endif
 
 __device__ __forceinline__ uint4 load_in(const uint4* p) {
-#if LOAD_HINT && defined(__CUDA_ARCH__)
+#if LOAD_HINT == 5 && defined(__CUDA_ARCH__)
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    uint4 v;
+    asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(policy));
+    return v;
+#elif LOAD_HINT && LOAD_HINT != 5 && defined(__CUDA_ARCH__)
     uint4 v;
     asm(LOAD_OP " {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -210,7 +244,7 @@ __device__ __forceinline__ void silu_mul_flat(const __half* __restrict__ x,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(MAX_THREADS)
 silu_mul_f16(const __half* __restrict__ x, __half* __restrict__ out, unsigned int tokens,
              unsigned int d) {
     if (few_tokens(tokens)) {

@@ -5,8 +5,8 @@
 // Three modes, chosen from (rows, cols) by the same tests as the launch rule:
 // - few long rows (split_rows: rows < 256, cols >= 1024): a cluster of CLUSTER blocks per
 //   row, each taking a slice; the blocks exchange their (max, sum of exp) through
-//   distributed shared memory (mapa + ld.shared::cluster, barrier.cluster), so 16 rows
-//   fill 128 SMs;
+//   distributed shared memory (mapa + ld.shared::cluster after barrier.cluster, or with
+//   EXCHANGE_PUSH st.async pushes onto an mbarrier), so 16 rows fill 128 SMs;
 // - short rows (warp_rows: cols <= 128 x WARP_CACHE): one warp per row, WARPS rows per
 //   block (blockDim.x / 32), the row in registers (WARP_CACHE float4 per lane: 1024
 //   floats per warp), reduced by shuffles alone: no block barrier, so a warp that
@@ -30,9 +30,9 @@
 #ifndef CACHE
 #define CACHE 8
 #endif
-// The split mode's float4s a thread in registers (its launch rule sizes the block for 4) and
-// whether it reuses the statistics pass's exponentials (see softmax_block_rows). Defaults:
-// the block mode's CACHE, no reuse.
+// The split mode's float4s a thread in registers (the launch rule sizes its block for
+// SPLIT_CACHE of them) and whether it reuses the statistics pass's exponentials (see
+// softmax_block_rows). Defaults: the block mode's CACHE, no reuse.
 #ifndef SPLIT_CACHE
 #define SPLIT_CACHE CACHE
 #endif
@@ -54,6 +54,12 @@
 // lane r reading block r's, instead of every thread reading all CLUSTER of them.
 #ifndef GATHER
 #define GATHER 0
+#endif
+// Split mode, EXCHANGE_PUSH = 1: each block pushes its (max, sum) into every block of the
+// cluster with st.async onto an mbarrier, instead of a cluster barrier round and remote loads
+// (see softmax_block_rows).
+#ifndef EXCHANGE_PUSH
+#define EXCHANGE_PUSH 0
 #endif
 
 // 2^x by the MUFU approximation (ex2.approx.ftz, as __expf uses after its multiply by
@@ -164,6 +170,42 @@ __device__ __forceinline__ float2 load_remote(const float2* p, unsigned int rank
     return v;
 }
 
+__device__ __forceinline__ unsigned int shared_addr(const void* p) {
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+// The exchange barrier of EXCHANGE_PUSH: one arrival (this call's) expecting `bytes`, which
+// the cluster's st.async pushes complete; the init is made visible to the cluster by the
+// release of the caller's next barrier.cluster.arrive.
+__device__ __forceinline__ void init_exchange(unsigned long long* bar, unsigned int bytes) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_addr(bar)) : "memory");
+    asm volatile(
+        "{\n .reg .b64 state;\n mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}"
+        ::"r"(shared_addr(bar)), "r"(bytes)
+        : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Writes (m, s) to `slot` of block `rank` of the cluster, completing 8 bytes on its `bar`.
+__device__ __forceinline__ void push_pair(float2* slot, unsigned long long* bar,
+                                          unsigned int rank, float m, float s) {
+    unsigned int rslot, rbar;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rslot) : "r"(shared_addr(slot)), "r"(rank));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(shared_addr(bar)), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 ::"r"(rslot), "f"(m), "f"(s), "r"(rbar)
+                 : "memory");
+}
+// Until the exchange barrier's first phase completes (every push has landed).
+__device__ __forceinline__ void wait_exchange(unsigned long long* bar) {
+    unsigned int done = 0;
+    while (!done)
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
+            " selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(shared_addr(bar))
+            : "memory");
+}
+
 // One warp per row (warp_rows mode). No block barrier: a warp past the last row returns.
 __device__ __forceinline__ void softmax_warp_row(const float* __restrict__ x,
                                                  float* __restrict__ y, unsigned int rows,
@@ -252,7 +294,17 @@ __device__ __forceinline__ void softmax_block_rows(const float* __restrict__ x,
 #if GATHER
     __shared__ float2 row_stats;
 #endif
+    __shared__ unsigned long long exchange_bar;  // EXCHANGE_PUSH only (8-byte aligned)
+    __shared__ float2 exchange_slots[CLUSTER];
     const unsigned int part = split ? cluster_rank() : 0u;
+#if EXCHANGE_PUSH
+    // The barrier is set up before the loads; the cluster wait that pairs with this arrive
+    // comes before the first push, so by then every block's barrier is ready.
+    if (split) {
+        if (threadIdx.x == 0) init_exchange(&exchange_bar, CLUSTER * sizeof(float2));
+        cluster_arrive();
+    }
+#endif
     const unsigned int parts = split ? CLUSTER : 1u;
     const unsigned int row = split ? blockIdx.x / CLUSTER : blockIdx.x;
     if (!split && row >= rows) return;
@@ -327,51 +379,72 @@ __device__ __forceinline__ void softmax_block_rows(const float* __restrict__ x,
     warp_merge(m, s);
     const unsigned int lane = tid & 31u, warp = tid >> 5;
     if (lane == 0) warp_stats[warp] = make_float2(m, s);
-    __syncthreads();
-    if (warp == 0) {
-        const unsigned int warps = (bs + 31u) >> 5;
-        m = lane < warps ? warp_stats[lane].x : NEG_INF;
-        s = lane < warps ? warp_stats[lane].y : 0.0f;
-        warp_merge(m, s);
-        if (lane == 0) block_stats = make_float2(m, s);
-    }
-    __syncthreads();
-    float2 st = block_stats;
-    if (split) {
-        // Every block of the cluster has written its pair once all have arrived; each
-        // merges the pairs in rank order, so all get the same row statistics.
-        cluster_arrive();
-        cluster_wait();
-#if GATHER
-        // Lane r of warp 0 reads block r's pair (CLUSTER remote loads a block, in parallel),
-        // and a butterfly over lanes 0..CLUSTER-1 merges them; lane 0's result, computed by
-        // the same operations on the same values in every block, is the row's statistics.
-        if (warp == 0) {
-            float2 o = lane < CLUSTER ? load_remote(&block_stats, lane)
-                                      : make_float2(NEG_INF, 0.0f);
-#pragma unroll
-            for (int off = CLUSTER / 2; off > 0; off >>= 1) {
-                const float m2 = __shfl_xor_sync(0xffffffffu, o.x, off);
-                const float s2 = __shfl_xor_sync(0xffffffffu, o.y, off);
-                merge(o.x, o.y, m2, s2);
-            }
-            if (lane == 0) row_stats = o;
-        }
-        // No block may exit while another can still read its shared memory: arrive now
-        // (warp 0 after its reads), wait before returning.
-        cluster_arrive();
+    float2 st;
+    if (EXCHANGE_PUSH && split) {
+        // Warp 0 reduces the warps' pairs, and lane r pushes the block's pair into slot
+        // `part` of block r (st.async, completing bytes on block r's barrier). Every block
+        // then waits for its CLUSTER pairs and merges them in rank order, so all get the
+        // same row statistics: no cluster barrier round, no remote loads, no final wait.
         __syncthreads();
-        st = row_stats;
-#else
-        st = make_float2(NEG_INF, 0.0f);
-        for (unsigned int r = 0; r < CLUSTER; ++r) {
-            const float2 o = load_remote(&block_stats, r);
-            merge(st.x, st.y, o.x, o.y);
+        cluster_wait();  // every block of the cluster has initialised its barrier
+        if (warp == 0) {
+            const unsigned int warps = (bs + 31u) >> 5;
+            m = lane < warps ? warp_stats[lane].x : NEG_INF;
+            s = lane < warps ? warp_stats[lane].y : 0.0f;
+            warp_merge(m, s);
+            if (lane < CLUSTER) push_pair(&exchange_slots[part], &exchange_bar, lane, m, s);
         }
-        // No block may exit while another can still read its shared memory: arrive now,
-        // wait before returning.
-        cluster_arrive();
+        wait_exchange(&exchange_bar);
+        st = make_float2(NEG_INF, 0.0f);
+#pragma unroll
+        for (int r = 0; r < CLUSTER; ++r) merge(st.x, st.y, exchange_slots[r].x, exchange_slots[r].y);
+    } else {
+        __syncthreads();
+        if (warp == 0) {
+            const unsigned int warps = (bs + 31u) >> 5;
+            m = lane < warps ? warp_stats[lane].x : NEG_INF;
+            s = lane < warps ? warp_stats[lane].y : 0.0f;
+            warp_merge(m, s);
+            if (lane == 0) block_stats = make_float2(m, s);
+        }
+        __syncthreads();
+        st = block_stats;
+        if (split) {
+            // Every block of the cluster has written its pair once all have arrived; each
+            // merges the pairs in rank order, so all get the same row statistics.
+            cluster_arrive();
+            cluster_wait();
+#if GATHER
+            // Lane r of warp 0 reads block r's pair (CLUSTER remote loads a block, in parallel),
+            // and a butterfly over lanes 0..CLUSTER-1 merges them; lane 0's result, computed by
+            // the same operations on the same values in every block, is the row's statistics.
+            if (warp == 0) {
+                float2 o = lane < CLUSTER ? load_remote(&block_stats, lane)
+                                          : make_float2(NEG_INF, 0.0f);
+#pragma unroll
+                for (int off = CLUSTER / 2; off > 0; off >>= 1) {
+                    const float m2 = __shfl_xor_sync(0xffffffffu, o.x, off);
+                    const float s2 = __shfl_xor_sync(0xffffffffu, o.y, off);
+                    merge(o.x, o.y, m2, s2);
+                }
+                if (lane == 0) row_stats = o;
+            }
+            // No block may exit while another can still read its shared memory: arrive now
+            // (warp 0 after its reads), wait before returning.
+            cluster_arrive();
+            __syncthreads();
+            st = row_stats;
+#else
+            st = make_float2(NEG_INF, 0.0f);
+            for (unsigned int r = 0; r < CLUSTER; ++r) {
+                const float2 o = load_remote(&block_stats, r);
+                merge(st.x, st.y, o.x, o.y);
+            }
+            // No block may exit while another can still read its shared memory: arrive now,
+            // wait before returning.
+            cluster_arrive();
 #endif
+        }
     }
     m = st.x;
     const float inv = 1.0f / st.y;
@@ -407,7 +480,7 @@ __device__ __forceinline__ void softmax_block_rows(const float* __restrict__ x,
         for (unsigned int c = tid; c < head; c += bs) yr[c] = __expf(xr[c] - m) * inv;
         for (unsigned int c = tail0 + tid; c < cols; c += bs) yr[c] = __expf(xr[c] - m) * inv;
     }
-    if (split) cluster_wait();
+    if (split && !EXCHANGE_PUSH) cluster_wait();
 }
 
 extern "C" __global__ void __launch_bounds__(1024)
