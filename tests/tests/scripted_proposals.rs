@@ -26,9 +26,9 @@ const MORE_CANDIDATES: &[(&str, &[&str])] = &[
     ("gemm", &["gemm_wgmma.cu"]),
     // The same kernel with other block orders (`ORDER`), for the loop to measure.
     ("transpose", &["transpose.cu", "transpose.cu"]),
-    // The same kernel with other load cache policies and grids (`LOAD_HINT`, `FLAT`).
-    ("silu_mul", &["silu_mul.cu", "silu_mul.cu", "silu_mul.cu"]),
-    // The same kernel with the split mode's exponentials reused (`SPLIT_REUSE`).
+    // The same kernel on the 2-D grid instead of the flat one (`FLAT`).
+    ("silu_mul", &["silu_mul.cu"]),
+    // The same kernel with the accepted block size of the split mode (`SPLIT_CACHE`).
     ("softmax", &["softmax.cu"]),
     // K and V through a per-warp cp.async shared-memory ring.
     ("gqa_decode", &["gqa_decode_pipe.cu"]),
