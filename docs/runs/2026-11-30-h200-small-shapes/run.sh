@@ -14,15 +14,21 @@ obj() {
     objs+=("$w/$name.o")
 }
 acc() { echo "$ex/kopt/$1/$(grep -m1 '^variant' "$ex/kopt/$1/kopt.lock" | cut -d'"' -f2)/kernel.cu"; }
-sm="-DCACHE=8 -DGATHER=1 -DHEAD_REGS=1 -DSPLIT_CACHE=4 -DWARPS=1 -DWARP_CACHE=8"
-obj sm_acc softmax_f32 "$(acc softmax)" $sm -DCLUSTER=8
+sm="-DCACHE=8 -DEXCHANGE_PUSH=1 -DHEAD_REGS=1 -DSPLIT_REUSE=1 -DWARPS=1 -DWARP_CACHE=8"
+obj sm_acc softmax_f32 "$(acc softmax)" $sm -DCLUSTER=8 -DSPLIT_CACHE=8
 A="$ex/agents/softmax.cu"
-obj sm_reuse softmax_f32 "$A" $sm -DCLUSTER=8 -DSPLIT_REUSE=1
-obj sm_push softmax_f32 "$A" $sm -DCLUSTER=8 -DEXCHANGE_PUSH=1
-obj sm_push_reuse softmax_f32 "$A" $sm -DCLUSTER=8 -DEXCHANGE_PUSH=1 -DSPLIT_REUSE=1
-obj sm_push_reuse_c2 softmax_f32 "$A" ${sm/SPLIT_CACHE=4/SPLIT_CACHE=2} -DCLUSTER=8 -DEXCHANGE_PUSH=1 -DSPLIT_REUSE=1
-obj sm_reuse_c2 softmax_f32 "$A" ${sm/SPLIT_CACHE=4/SPLIT_CACHE=2} -DCLUSTER=8 -DSPLIT_REUSE=1
-obj sm_push_reuse_c8 softmax_f32 "$A" ${sm/SPLIT_CACHE=4/SPLIT_CACHE=8} -DCLUSTER=8 -DEXCHANGE_PUSH=1 -DSPLIT_REUSE=1
+obj sm_c6 softmax_f32 "$A" $sm -DCLUSTER=8 -DSPLIT_CACHE=6
+obj sm_c16_c2 softmax_f32 "$A" $sm -DCLUSTER=16 -DSPLIT_CACHE=2
+obj sm_c16_c4 softmax_f32 "$A" $sm -DCLUSTER=16 -DSPLIT_CACHE=4
+obj sm_c16_c8 softmax_f32 "$A" $sm -DCLUSTER=16 -DSPLIT_CACHE=8
+G="$(acc gqa_decode)"
+g="-DSPLIT_ITEMS=64 -DWAVE_BLOCKS=64"
+obj gq_acc gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=3 -DWARPS=8
+obj gq_c2 gqa_decode_f16 "$G" $g -DCLUSTER=2 -DSTAGES=3 -DWARPS=8
+obj gq_c2w4s3 gqa_decode_f16 "$G" $g -DCLUSTER=2 -DSTAGES=3 -DWARPS=4
+obj gq_w6s4 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=4 -DWARPS=6
+obj gq_w4s6 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=6 -DWARPS=4
+obj gq_w12s2 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=2 -DWARPS=12
 obj rms_acc rmsnorm_f16 "$(acc rmsnorm)" -DCACHE=4
 obj rms_c8 rmsnorm_f16 "$ex/agents/rmsnorm.cu" -DCACHE=8
 obj rms_c16 rmsnorm_f16 "$ex/agents/rmsnorm.cu" -DCACHE=16

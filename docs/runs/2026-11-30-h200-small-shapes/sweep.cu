@@ -39,8 +39,7 @@
 #define KERNEL extern "C" void
 #endif
 #define SOFTMAX(n) KERNEL n(const float*, float*, unsigned, unsigned);
-SOFTMAX(sm_acc) SOFTMAX(sm_reuse) SOFTMAX(sm_push) SOFTMAX(sm_push_reuse) SOFTMAX(sm_push_reuse_c2)
-SOFTMAX(sm_reuse_c2) SOFTMAX(sm_push_reuse_c8)
+SOFTMAX(sm_acc) SOFTMAX(sm_c6) SOFTMAX(sm_c16_c4) SOFTMAX(sm_c16_c8) SOFTMAX(sm_c16_c2)
 #define RMS(n) KERNEL n(const void*, const void*, void*, unsigned, unsigned, float);
 RMS(rms_acc) RMS(rms_c8) RMS(rms_c16)
 #define LN(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, float);
@@ -48,6 +47,8 @@ LN(ln_acc) LN(ln_fv2) LN(ln_fv4) LN(ln_fv8)
 KERNEL rs_acc(const float*, float*, unsigned long long);
 #define SILU(n) KERNEL n(const void*, void*, unsigned, unsigned);
 SILU(si_acc) SILU(si_u1) SILU(si_t512) SILU(si_t1024) SILU(si_flat1_512) SILU(si_t512_u2)
+#define GQA(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, unsigned, unsigned);
+GQA(gq_acc) GQA(gq_c2) GQA(gq_w6s4) GQA(gq_w4s6) GQA(gq_w12s2) GQA(gq_c2w4s3)
 KERNEL copy_f4(const void*, void*, unsigned long long);
 
 static cudaStream_t g_stream;
@@ -277,6 +278,9 @@ int main(int argc, char** argv) {
     CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
     g_l2 = (size_t)l2;
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    // Clusters of 16 are non-portable: allowed per function, as kopt::open_launch_limits does.
+    for (const void* f : {(const void*)sm_c16_c4, (const void*)sm_c16_c8, (const void*)sm_c16_c2})
+        CK(cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     if (want("softmax")) {
         for (const std::pair<unsigned, unsigned> rc : {std::pair<unsigned, unsigned>{16, 65536}, {8, 50257}}) {
             const unsigned rows = rc.first, cols = rc.second;
@@ -284,25 +288,23 @@ int main(int argc, char** argv) {
             Shape sh({n * 4, n * 4});
             sh.fill(0, normals(n, 2.0f).data());
             std::vector<Variant> vs;
-            // cache: the float4s a thread the launch rule sizes the block for (4 accepted).
-            auto add = [&](const char* name, const void* fn, unsigned cache) {
+            // cache: the float4s a thread the launch rule sizes the block for.
+            auto add = [&](const char* name, const void* fn, unsigned cluster, unsigned cache) {
                 vs.push_back({name, [=, &sh](int i) {
                                   const void* x = sh.roles[0].at(i);
                                   void* y = sh.roles[1].at(i);
                                   unsigned r = rows, c = cols;
                                   void* args[] = {&x, &y, &r, &c};
-                                  const unsigned block =
-                                      clampu(rup(cdiv(cdiv(cols, 8), 4 * cache), 32), 64, 1024);
-                                  launch(fn, dim3(rows * 8), dim3(block), 8, args);
+                                  const unsigned block = clampu(
+                                      rup(cdiv(cdiv(cols, cluster), 4 * cache), 32), 64, 1024);
+                                  launch(fn, dim3(rows * cluster), dim3(block), cluster, args);
                               }});
             };
-            add("accepted", (const void*)sm_acc, 4);
-            add("reuse", (const void*)sm_reuse, 4);
-            add("push", (const void*)sm_push, 4);
-            add("push+reuse", (const void*)sm_push_reuse, 4);
-            add("push+reuse c2", (const void*)sm_push_reuse_c2, 2);
-            add("reuse c2", (const void*)sm_reuse_c2, 2);
-            add("push+reuse c8", (const void*)sm_push_reuse_c8, 8);
+            add("accepted", (const void*)sm_acc, 8, 8);
+            add("c6", (const void*)sm_c6, 8, 6);
+            add("cluster 16 c2", (const void*)sm_c16_c2, 16, 2);
+            add("cluster 16 c4", (const void*)sm_c16_c4, 16, 4);
+            add("cluster 16 c8", (const void*)sm_c16_c8, 16, 8);
             char name[32];
             snprintf(name, sizeof name, "%ux%u", rows, cols);
             sweep("softmax", name, sh, n * 8, vs, 1, false, false);
@@ -390,6 +392,54 @@ int main(int argc, char** argv) {
             char name[32];
             snprintf(name, sizeof name, "n=%llu", n);
             sweep("reduce_sum", name, sh, n * 4 + 4, vs, 1, false, true);
+        }
+    }
+    if (want("gqa_decode")) {
+        // Batch 8 (64 work items): the accepted rule streams each item in one block (64 blocks);
+        // CLUSTER 2 splits each item over a cluster of 2 merged in distributed shared memory.
+        for (unsigned seq : {1024u, 4096u}) {
+            const unsigned batch = 8, hq = 32, hkv = 8;
+            const size_t qn = (size_t)batch * hq * 128, kn = (size_t)batch * hkv * seq * 128;
+            Shape sh({qn * 2, kn * 2, kn * 2, qn * 2});
+            sh.fill(0, halves(normals(qn)).data());
+            sh.fill(1, halves(normals(kn)).data());
+            sh.fill(2, halves(normals(kn)).data());
+            std::vector<Variant> vs;
+            auto add = [&](const char* name, const void* fn, unsigned warps, unsigned stages,
+                           unsigned splits) {
+                const int smem = (int)(warps * stages * 8192);
+                CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                vs.push_back({name, [=, &sh](int i) {
+                                  const void* q = sh.roles[0].at(i);
+                                  const void* k = sh.roles[1].at(i);
+                                  const void* v = sh.roles[2].at(i);
+                                  void* o = sh.roles[3].at(i);
+                                  unsigned b = batch, h = hq, kvh = hkv, s = seq;
+                                  void* args[] = {&q, &k, &v, &o, &b, &h, &kvh, &s};
+                                  cudaLaunchConfig_t cfg = {};
+                                  cfg.gridDim = dim3(splits, batch * hkv * ((hq / hkv + 7) / 8));
+                                  cfg.blockDim = dim3(warps * 32);
+                                  cfg.dynamicSmemBytes = (size_t)smem;
+                                  cfg.stream = g_stream;
+                                  cudaLaunchAttribute attr[1];
+                                  attr[0].id = cudaLaunchAttributeClusterDimension;
+                                  attr[0].val.clusterDim.x = splits;
+                                  attr[0].val.clusterDim.y = 1;
+                                  attr[0].val.clusterDim.z = 1;
+                                  cfg.attrs = attr;
+                                  cfg.numAttrs = splits > 1 ? 1 : 0;
+                                  CK(cudaLaunchKernelExC(&cfg, fn, args));
+                              }});
+            };
+            add("accepted", (const void*)gq_acc, 8, 3, 1);
+            add("cluster 2", (const void*)gq_c2, 8, 3, 2);
+            add("cluster 2 w4s3", (const void*)gq_c2w4s3, 4, 3, 2);
+            add("w6 s4", (const void*)gq_w6s4, 6, 4, 1);
+            add("w4 s6", (const void*)gq_w4s6, 4, 6, 1);
+            add("w12 s2", (const void*)gq_w12s2, 12, 2, 1);
+            char name[32];
+            snprintf(name, sizeof name, "B8 S%u", seq);
+            sweep("gqa_decode", name, sh, qn * 4 + kn * 4, vs, 3, true, false);
         }
     }
     if (want("silu_mul")) {
