@@ -136,18 +136,12 @@ pipe_shapes=("1 32 8 1 132" "1 32 8 5 132" "1 32 8 15 132 1" "1 32 8 17 132" "2 
 pipe_short=("1 32 8 5 132" "1 32 8 17 132" "2 33 3 77 132" "1 64 4 300 132" "1 32 8 100 1"
     "1 32 8 383 1" "1 32 8 40 132 48" "1 16 16 31 132 48" "2 32 8 1000 264" "1 64 8 515 132"
     "1 32 8 600 64")
-# PAIR 2: from 64 work items up, two blocks a work item merged in a cluster of 2.
-pipe_pair=("8 32 8 300 132" "8 32 8 5 132" "9 32 8 1000 132" "20 32 8 64 132" "8 64 8 129 132")
 for geometry in "-DWARPS=8 -DSTAGES=3" "-DWARPS=4 -DSTAGES=3" "-DWARPS=8 -DSTAGES=2" \
-                "-DCLUSTER=16" "-DCLUSTER=12" "-DCLUSTER=1" "-DPAIR=2"; do
+                "-DCLUSTER=16" "-DCLUSTER=12" "-DCLUSTER=1"; do
     for copies in "" "-DCP_ASYNC_EAGER"; do
         bin="gqa_pipe_test${geometry// /}$copies"
         g++ $flags -DPIPE $geometry $copies gqa_test.cpp -o "$bin"
-        case "$geometry" in
-        "-DWARPS=8 -DSTAGES=3") shapes=("${pipe_shapes[@]}") ;;
-        "-DPAIR=2") shapes=("${pipe_pair[@]}" "${pipe_short[@]:0:3}") ;;
-        *) shapes=("${pipe_short[@]}") ;;
-        esac
+        if [ "$geometry" = "-DWARPS=8 -DSTAGES=3" ]; then shapes=("${pipe_shapes[@]}"); else shapes=("${pipe_short[@]}"); fi
         for s in "${shapes[@]}"; do
             "./$bin" $s || fails=$((fails + 1))
         done

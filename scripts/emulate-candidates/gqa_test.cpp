@@ -35,11 +35,10 @@ int main(int argc, char** argv) {
     auto cdiv = [](unsigned a, unsigned b) { return (a + b - 1) / b; };
     unsigned items = batch * kvh * cdiv(qh / kvh, 8);
 #ifdef PIPE
-    // From SPLIT_ITEMS items up, PAIR blocks a work item in one cluster of PAIR (1: none).
     const bool split = items < 64;  // the proposal's SPLIT_ITEMS
-    unsigned splits = split ? std::max((unsigned)CLUSTER, wave / items / CLUSTER * CLUSTER) : PAIR;
+    unsigned splits = split ? std::max((unsigned)CLUSTER, wave / items / CLUSTER * CLUSTER) : 1;
     if (argc > 6) splits = atoi(argv[6]);
-    const unsigned cluster = splits > 1 ? (split ? CLUSTER : PAIR) : 1;
+    const unsigned cluster = splits > 1 ? CLUSTER : 1;
 #else
     unsigned s0 = std::max(1u, wave / items), per = cdiv(cdiv(seq, s0), 16) * 16, splits = cdiv(seq, per);
     if (argc > 6) splits = atoi(argv[6]);

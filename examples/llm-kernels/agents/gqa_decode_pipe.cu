@@ -75,14 +75,6 @@
 #ifndef CLUSTER
 #define CLUSTER 8          // blocks per cluster when split (the launch rule's cluster)
 #endif
-// Blocks per work item from SPLIT_ITEMS items up, merged in one cluster of PAIR (1: one
-// block streams the item, as before). At batch 8 (64 items) PAIR 2 puts 128 blocks on
-// the 132 SMs instead of 64: 11.92 against 12.56 us at 1024 keys and 35.31 against 35.60
-// at 4096 (docs/runs/2026-11-30-h200-small-shapes/sweep-4.txt). A launch's cluster size
-// is read at run time and must be CLUSTER or PAIR.
-#ifndef PAIR
-#define PAIR 1
-#endif
 #define THREADS (WARPS * 32)
 #define TILE 16            // keys per warp per step
 #define KEY_BYTES 256      // one key row of K or V
@@ -106,7 +98,6 @@ static_assert(THREADS <= 1024, "WARPS: at most 32 warps per block");
 static_assert(WARPS * RING_BYTES >= WARPS * HEADS * ROW * 4, "ring too small for the merge");
 static_assert(WARPS * RING_BYTES >= SLOTS * 24, "ring too small for the split merge");
 static_assert(CLUSTER >= 1 && CLUSTER <= 16, "CLUSTER: 1 to 16 blocks (16 is non-portable)");
-static_assert(PAIR >= 1 && PAIR <= CLUSTER, "PAIR: 1 to CLUSTER blocks");
 
 __device__ float partial_acc[MAX_PARTIALS * HEAD_DIM];
 __device__ float2 partial_ml[MAX_PARTIALS];
@@ -339,18 +330,14 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
     const unsigned int h0 = kvh * group_size + chunk * HEADS;  // first query head
     const unsigned int nh = min((unsigned int)HEADS, group_size - chunk * HEADS);
     const unsigned int splits = gridDim.x, split = blockIdx.x;
-    // Split, the blocks of a work item merge in clusters of `csize` (CLUSTER, or PAIR from
-    // SPLIT_ITEMS items up: the launch's cluster), and the `groups` clusters (splits with
-    // CLUSTER 1) through the scratch.
-    const unsigned int csize = CLUSTER > 1 && splits > 1 ? cluster_blocks() : 1u;
-    const bool clustered = csize > 1;
-    const unsigned int groups = clustered ? splits / csize : splits;
-    const unsigned int group = clustered ? split / csize : split;
+    // Split, the blocks of a work item merge in clusters of CLUSTER, and the `groups`
+    // clusters (splits with CLUSTER 1) through the scratch.
+    const bool clustered = CLUSTER > 1 && splits > 1;
+    const unsigned int groups = clustered ? splits / CLUSTER : splits;
+    const unsigned int group = clustered ? split / CLUSTER : split;
     // The launch rule never asks for these: fault loudly rather than merge the wrong
     // blocks or overrun the scratch.
-    if (CLUSTER > 1 && splits > 1 &&
-        ((csize != CLUSTER && csize != PAIR) || csize == 1 || splits % csize != 0))
-        __trap();
+    if (clustered && (cluster_blocks() != CLUSTER || splits % CLUSTER != 0)) __trap();
     if (groups > 1 && (gridDim.y > MAX_ITEMS || groups * gridDim.y * HEADS > MAX_PARTIALS))
         __trap();
 
@@ -472,24 +459,18 @@ gqa_decode_f16(const __half* __restrict__ q, const __half* __restrict__ k,
 
     if (clustered) {
         // Every block of the cluster has its partial in its shared memory (unwritten heads
-        // past nh are never read). Block `rank` folds columns rank, rank + csize, ...; the
-        // slots of ranks past csize (a cluster of PAIR) weigh nothing (max -inf).
+        // past nh are never read). Block `rank` folds columns rank, rank + CLUSTER, ...
         cluster_arrive();
         cluster_wait();
         const unsigned int rank = cluster_rank(), cols = nh * 32;
-        for (unsigned int col = rank + csize * tid; col < cols; col += csize * THREADS) {
+        for (unsigned int col = rank + CLUSTER * tid; col < cols; col += CLUSTER * THREADS) {
             const unsigned int h = col >> 5, c4 = col & 31u;
             float2 ml[CLUSTER];
             float4 x[CLUSTER];
 #pragma unroll
             for (int r = 0; r < CLUSTER; ++r) {
-                if (r < (int)csize) {
-                    ml[r] = load_remote2(&cl_ml[h], r);
-                    x[r] = load_remote4(reinterpret_cast<const float4*>(&cl_acc[h][4 * c4]), r);
-                } else {
-                    ml[r] = make_float2(NEG_INF, 0.0f);
-                    x[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                }
+                ml[r] = load_remote2(&cl_ml[h], r);
+                x[r] = load_remote4(reinterpret_cast<const float4*>(&cl_acc[h][4 * c4]), r);
             }
             float mm = NEG_INF;
 #pragma unroll
