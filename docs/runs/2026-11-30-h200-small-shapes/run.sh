@@ -17,24 +17,22 @@ acc() { echo "$ex/kopt/$1/$(grep -m1 '^variant' "$ex/kopt/$1/kopt.lock" | cut -d
 sm="-DCACHE=8 -DEXCHANGE_PUSH=1 -DHEAD_REGS=1 -DSPLIT_REUSE=1 -DWARPS=1 -DWARP_CACHE=8"
 obj sm_acc softmax_f32 "$(acc softmax)" $sm -DCLUSTER=8 -DSPLIT_CACHE=8
 A="$ex/agents/softmax.cu"
-obj sm_c6 softmax_f32 "$A" $sm -DCLUSTER=8 -DSPLIT_CACHE=6
-obj sm_c16_c2 softmax_f32 "$A" $sm -DCLUSTER=16 -DSPLIT_CACHE=2
-obj sm_c16_c4 softmax_f32 "$A" $sm -DCLUSTER=16 -DSPLIT_CACHE=4
 obj sm_c16_c8 softmax_f32 "$A" $sm -DCLUSTER=16 -DSPLIT_CACHE=8
 G="$(acc gqa_decode)"
 g="-DSPLIT_ITEMS=64 -DWAVE_BLOCKS=64"
 obj gq_acc gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=3 -DWARPS=8
-obj gq_c2 gqa_decode_f16 "$G" $g -DCLUSTER=2 -DSTAGES=3 -DWARPS=8
-obj gq_c2w4s3 gqa_decode_f16 "$G" $g -DCLUSTER=2 -DSTAGES=3 -DWARPS=4
-obj gq_w6s4 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=4 -DWARPS=6
-obj gq_w4s6 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=6 -DWARPS=4
-obj gq_w12s2 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=2 -DWARPS=12
 obj rms_acc rmsnorm_f16 "$(acc rmsnorm)" -DCACHE=4
 obj rms_c8 rmsnorm_f16 "$ex/agents/rmsnorm.cu" -DCACHE=8
 obj rms_c16 rmsnorm_f16 "$ex/agents/rmsnorm.cu" -DCACHE=16
 obj ln_acc layer_norm_f16 "$(acc layer_norm)" -DMAX_VECS=4
 for v in 2 4 8; do obj ln_fv$v layer_norm_f16 "$ex/agents/layer_norm.cu" -DMAX_VECS=4 -DFEW_VECS=$v; done
 obj rs_acc reduce_sum_f32 "$(acc reduce_sum)" -DUNROLL=4
+obj rs_warp reduce_sum_f32 "$ex/agents/reduce_sum.cu" -DUNROLL=4
+obj sm_tree softmax_f32 "$A" $sm -DCLUSTER=8 -DSPLIT_CACHE=8 -DMERGE_TREE=1
+obj sm_c12_tree softmax_f32 "$A" $sm -DCLUSTER=12 -DSPLIT_CACHE=8 -DMERGE_TREE=1
+obj gq_c16w4s3 gqa_decode_f16 "$G" $g -DCLUSTER=16 -DSTAGES=3 -DWARPS=4
+obj gq_c16w4s4 gqa_decode_f16 "$G" $g -DCLUSTER=16 -DSTAGES=4 -DWARPS=4
+obj gq_c8w4s3 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=3 -DWARPS=4
 si="-DSMALL_THREADS=128 -DSMALL_U=1"
 S="$ex/agents/silu_mul.cu"
 obj si_acc silu_mul_f16 "$(acc silu_mul)" $si -DUNROLL=2

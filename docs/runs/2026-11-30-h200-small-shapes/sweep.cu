@@ -1,7 +1,10 @@
 // Launch geometry and define sweeps of the suite's kernels on the shapes furthest from a
-// same-size copy (softmax 16x65536 and 8x50257, rmsnorm 1x4096 and 64x8192, layer_norm
-// 64x4096, reduce_sum n=1000) and on silu_mul's two large shapes (level with
-// torch.compile), in one process, before any of them goes through kopt's loop.
+// same-size copy, in one process, before any of them goes through kopt's loop. This
+// version (sweep-5): softmax 16x65536 and 8x50257 with the exchange's merges shortened
+// (MERGE_TREE) and in clusters of 12; reduce_sum n=1000 and 1048576 with one-warp blocks;
+// gqa_decode at batch 1 in clusters of 16 with 4 warps, and in two clusters of 8 a work
+// item; with the clusters of each geometry the device holds at once. rmsnorm, layer_norm
+// and silu_mul keep the variants of the earlier sweeps.
 //
 // Each variant is a kernel object that run.sh compiles from the accepted variant's
 // kernel.cu or from examples/llm-kernels/agents/<kernel>.cu with some defines, its entry
@@ -39,16 +42,17 @@
 #define KERNEL extern "C" void
 #endif
 #define SOFTMAX(n) KERNEL n(const float*, float*, unsigned, unsigned);
-SOFTMAX(sm_acc) SOFTMAX(sm_c6) SOFTMAX(sm_c16_c4) SOFTMAX(sm_c16_c8) SOFTMAX(sm_c16_c2)
+SOFTMAX(sm_acc) SOFTMAX(sm_c16_c8) SOFTMAX(sm_tree) SOFTMAX(sm_c12_tree)
 #define RMS(n) KERNEL n(const void*, const void*, void*, unsigned, unsigned, float);
 RMS(rms_acc) RMS(rms_c8) RMS(rms_c16)
 #define LN(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, float);
 LN(ln_acc) LN(ln_fv2) LN(ln_fv4) LN(ln_fv8)
 KERNEL rs_acc(const float*, float*, unsigned long long);
+KERNEL rs_warp(const float*, float*, unsigned long long);
 #define SILU(n) KERNEL n(const void*, void*, unsigned, unsigned);
 SILU(si_acc) SILU(si_u1) SILU(si_t512) SILU(si_t1024) SILU(si_flat1_512) SILU(si_t512_u2)
 #define GQA(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, unsigned, unsigned);
-GQA(gq_acc) GQA(gq_c2) GQA(gq_w6s4) GQA(gq_w4s6) GQA(gq_w12s2) GQA(gq_c2w4s3)
+GQA(gq_acc) GQA(gq_c16w4s3) GQA(gq_c16w4s4) GQA(gq_c8w4s3)
 KERNEL copy_f4(const void*, void*, unsigned long long);
 
 static cudaStream_t g_stream;
@@ -66,6 +70,24 @@ static void launch(const void* fn, dim3 grid, dim3 block, unsigned cluster, void
     cfg.attrs = attr;
     cfg.numAttrs = cluster > 1 ? 1 : 0;
     CK(cudaLaunchKernelExC(&cfg, fn, args));
+}
+
+// How many clusters of `cluster` blocks of this geometry the device holds at once.
+static int max_clusters(const void* fn, unsigned block, unsigned cluster, size_t smem) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(cluster * 64);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = -1;
+    CK(cudaOccupancyMaxActiveClusters(&n, fn, &cfg));
+    return n;
 }
 
 // Median over 15 replays of a graph of captured calls of body(i), in us per call: at least
@@ -279,7 +301,7 @@ int main(int argc, char** argv) {
     g_l2 = (size_t)l2;
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     // Clusters of 16 are non-portable: allowed per function, as kopt::open_launch_limits does.
-    for (const void* f : {(const void*)sm_c16_c4, (const void*)sm_c16_c8, (const void*)sm_c16_c2})
+    for (const void* f : {(const void*)sm_c16_c8, (const void*)sm_c12_tree, (const void*)gq_c16w4s3, (const void*)gq_c16w4s4})
         CK(cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     if (want("softmax")) {
         for (const std::pair<unsigned, unsigned> rc : {std::pair<unsigned, unsigned>{16, 65536}, {8, 50257}}) {
@@ -301,10 +323,15 @@ int main(int argc, char** argv) {
                               }});
             };
             add("accepted", (const void*)sm_acc, 8, 8);
-            add("c6", (const void*)sm_c6, 8, 6);
-            add("cluster 16 c2", (const void*)sm_c16_c2, 16, 2);
-            add("cluster 16 c4", (const void*)sm_c16_c4, 16, 4);
-            add("cluster 16 c8", (const void*)sm_c16_c8, 16, 8);
+            add("tree", (const void*)sm_tree, 8, 8);
+            if (rows * 12 <= 132) add("cluster 12 tree", (const void*)sm_c12_tree, 12, 8);
+            for (unsigned cl : {8u, 12u, 16u}) {
+                const void* fn = cl == 8 ? (const void*)sm_acc : cl == 12 ? (const void*)sm_c12_tree
+                                                                        : (const void*)sm_c16_c8;
+                const unsigned block = clampu(rup(cdiv(cdiv(cols, cl), 32), 32), 64, 1024);
+                printf("softmax %ux%u: clusters of %u (%u threads) held at once: %d\n", rows, cols,
+                       cl, block, max_clusters(fn, block, cl, 0));
+            }
             char name[32];
             snprintf(name, sizeof name, "%ux%u", rows, cols);
             sweep("softmax", name, sh, n * 8, vs, 1, false, false);
@@ -369,36 +396,33 @@ int main(int argc, char** argv) {
             Shape sh({n * 4, 4});
             sh.fill(0, normals(n, 1.0f, 1.0f).data());
             std::vector<Variant> vs;
-            auto add = [&](std::string name, unsigned grid, unsigned block) {
+            auto add = [&](std::string name, unsigned grid, unsigned block,
+                           const void* fn = (const void*)rs_acc) {
                 vs.push_back({name, [=, &sh](int i) {
                                   const void* x = sh.roles[0].at(i);
                                   void* o = sh.roles[1].at(i);
                                   unsigned long long nn = n;
                                   void* args[] = {&x, &o, &nn};
-                                  launch((const void*)rs_acc, dim3(grid), dim3(block), 1, args);
+                                  launch(fn, dim3(grid), dim3(block), 1, args);
                               }});
             };
             const unsigned acc_grid = (unsigned)std::min<unsigned long long>((n + 4095) / 4096, 1056);
             add("accepted", acc_grid, 256);
-            if (n == 1000) {
-                for (unsigned b : {32u, 64u, 128u}) add("g1 b=" + std::to_string(b), 1, b);
-                add("g4 b=64", 4, 64);
-                add("g8 b=32", 8, 32);
-            } else {
-                add("g=n/8192 b=256", (unsigned)((n + 8191) / 8192), 256);
-                add("g=n/2048 b=256", (unsigned)((n + 2047) / 2048), 256);
-                add("g=n/4096 b=128", (unsigned)((n + 4095) / 4096), 128);
-            }
+            add("new, same grid", acc_grid, 256, (const void*)rs_warp);
+            add("new, warps n/128", (unsigned)((n + 127) / 128), 32, (const void*)rs_warp);
+            add("new, warps n/256", (unsigned)((n + 255) / 256), 32, (const void*)rs_warp);
+            add("accepted, warps n/128", (unsigned)((n + 127) / 128), 32);
             char name[32];
             snprintf(name, sizeof name, "n=%llu", n);
             sweep("reduce_sum", name, sh, n * 4 + 4, vs, 1, false, true);
         }
     }
     if (want("gqa_decode")) {
-        // Batch 8 (64 work items): the accepted rule streams each item in one block (64 blocks);
-        // CLUSTER 2 splits each item over a cluster of 2 merged in distributed shared memory.
-        for (unsigned seq : {1024u, 4096u}) {
-            const unsigned batch = 8, hq = 32, hkv = 8;
+        // Batch 1 (8 work items): the accepted rule gives each item one cluster of 8 splits
+        // (64 blocks of 192 KB of shared memory, one a SM). The others: clusters of 16 with
+        // 4 warps (96 or 128 KB), and two clusters of 8 a item merged through the scratch.
+        for (unsigned seq : {16384u, 32768u}) {
+            const unsigned batch = 1, hq = 32, hkv = 8;
             const size_t qn = (size_t)batch * hq * 128, kn = (size_t)batch * hkv * seq * 128;
             Shape sh({qn * 2, kn * 2, kn * 2, qn * 2});
             sh.fill(0, halves(normals(qn)).data());
@@ -406,9 +430,11 @@ int main(int argc, char** argv) {
             sh.fill(2, halves(normals(kn)).data());
             std::vector<Variant> vs;
             auto add = [&](const char* name, const void* fn, unsigned warps, unsigned stages,
-                           unsigned splits) {
+                           unsigned splits, unsigned cluster) {
                 const int smem = (int)(warps * stages * 8192);
                 CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                printf("gqa_decode %s: clusters of %u (%u threads, %d KB) held at once: %d\n", name,
+                       cluster, warps * 32, smem / 1024, max_clusters(fn, warps * 32, cluster, smem));
                 vs.push_back({name, [=, &sh](int i) {
                                   const void* q = sh.roles[0].at(i);
                                   const void* k = sh.roles[1].at(i);
@@ -423,22 +449,20 @@ int main(int argc, char** argv) {
                                   cfg.stream = g_stream;
                                   cudaLaunchAttribute attr[1];
                                   attr[0].id = cudaLaunchAttributeClusterDimension;
-                                  attr[0].val.clusterDim.x = splits;
+                                  attr[0].val.clusterDim.x = cluster;
                                   attr[0].val.clusterDim.y = 1;
                                   attr[0].val.clusterDim.z = 1;
                                   cfg.attrs = attr;
-                                  cfg.numAttrs = splits > 1 ? 1 : 0;
+                                  cfg.numAttrs = cluster > 1 ? 1 : 0;
                                   CK(cudaLaunchKernelExC(&cfg, fn, args));
                               }});
             };
-            add("accepted", (const void*)gq_acc, 8, 3, 1);
-            add("cluster 2", (const void*)gq_c2, 8, 3, 2);
-            add("cluster 2 w4s3", (const void*)gq_c2w4s3, 4, 3, 2);
-            add("w6 s4", (const void*)gq_w6s4, 6, 4, 1);
-            add("w4 s6", (const void*)gq_w4s6, 4, 6, 1);
-            add("w12 s2", (const void*)gq_w12s2, 12, 2, 1);
+            add("accepted", (const void*)gq_acc, 8, 3, 8, 8);
+            add("c16 w4 s3", (const void*)gq_c16w4s3, 4, 3, 16, 16);
+            add("c16 w4 s4", (const void*)gq_c16w4s4, 4, 4, 16, 16);
+            add("2 x c8 w4 s3", (const void*)gq_c8w4s3, 4, 3, 16, 8);
             char name[32];
-            snprintf(name, sizeof name, "B8 S%u", seq);
+            snprintf(name, sizeof name, "B1 S%u", seq);
             sweep("gqa_decode", name, sh, qn * 4 + kn * 4, vs, 3, true, false);
         }
     }

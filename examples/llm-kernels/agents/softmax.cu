@@ -61,6 +61,14 @@
 #ifndef EXCHANGE_PUSH
 #define EXCHANGE_PUSH 0
 #endif
+// With EXCHANGE_PUSH, MERGE_TREE = 1 shortens the merges between the block's last load and
+// its first store: warp 0 merges the warps' pairs over as many butterfly levels as the warps
+// and the cluster need (3 for 8 warps and CLUSTER 8, not 5), and the cluster's CLUSTER pairs
+// are merged at once (their max, then CLUSTER independent exponentials) instead of one after
+// the other (CLUSTER dependent merges of two exponentials each).
+#ifndef MERGE_TREE
+#define MERGE_TREE 0
+#endif
 
 // 2^x by the MUFU approximation (ex2.approx.ftz, as __expf uses after its multiply by
 // log2 e); plain C++ where the file is not compiled for a GPU (the CPU emulation of
@@ -391,13 +399,43 @@ __device__ __forceinline__ void softmax_block_rows(const float* __restrict__ x,
             const unsigned int warps = (bs + 31u) >> 5;
             m = lane < warps ? warp_stats[lane].x : NEG_INF;
             s = lane < warps ? warp_stats[lane].y : 0.0f;
+#if MERGE_TREE
+            // Lanes from `warps` up hold empty pairs, so a butterfly over the lowest `span`
+            // lanes (a power of two, at least the warps and the cluster's blocks) leaves
+            // every one of them, the pushing lanes 0..CLUSTER-1 included, with the block's
+            // pair (CLUSTER <= 32).
+            unsigned int span = 1;
+            while (span < warps || span < CLUSTER) span <<= 1;
+            for (unsigned int off = span >> 1; off > 0; off >>= 1) {
+                const float m2 = __shfl_xor_sync(0xffffffffu, m, off);
+                const float s2 = __shfl_xor_sync(0xffffffffu, s, off);
+                merge(m, s, m2, s2);
+            }
+#else
             warp_merge(m, s);
+#endif
             if (lane < CLUSTER) push_pair(&exchange_slots[part], &exchange_bar, lane, m, s);
         }
         wait_exchange(&exchange_bar);
+#if MERGE_TREE
+        // The row max over the cluster's pairs, then each pair's sum rescaled to it: the
+        // CLUSTER exponentials are independent, only the adds are in sequence (a tree of
+        // them spilled at the kernel's 64 registers). Every block does the same operations
+        // on the same pairs, so all get the same row statistics.
+        float mx = NEG_INF, sum = 0.0f;
+#pragma unroll
+        for (int r = 0; r < CLUSTER; ++r) mx = fmaxf(mx, exchange_slots[r].x);
+        if (mx != NEG_INF) {
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r)
+                sum += exchange_slots[r].y * __expf(exchange_slots[r].x - mx);
+        }
+        st = make_float2(mx, sum);
+#else
         st = make_float2(NEG_INF, 0.0f);
 #pragma unroll
         for (int r = 0; r < CLUSTER; ++r) merge(st.x, st.y, exchange_slots[r].x, exchange_slots[r].y);
+#endif
     } else {
         __syncthreads();
         if (warp == 0) {
