@@ -2,16 +2,9 @@
 // per thread, warp-shuffle reductions, one atomicAdd per block. The launch rule gives
 // 256-thread blocks, enough of them to fill the 132 SMs (8 per SM, 1056) when n is
 // large, and one per 4096 floats (one float4 per thread and unrolled load) below that.
-// From SMALL_N floats down it gives one-warp blocks, one per 128 floats (a float4 a lane):
-// a block then adds its warp's sum to out right after the shuffles, with no shared-memory
-// stage, block barrier or second round of shuffles between the load and the atomic. Any
-// block size that is a whole number of warps works.
+// Any block size that is a whole number of warps works.
 #ifndef UNROLL
 #define UNROLL 4
-#endif
-// The launch rule's threshold for one-warp blocks (unused by the kernel itself).
-#ifndef SMALL_N
-#define SMALL_N 16384
 #endif
 
 extern "C" __global__ void __launch_bounds__(1024)
@@ -47,10 +40,6 @@ reduce_sum_f32(const float* __restrict__ x, float* out, unsigned long long n) {
     for (int u = 0; u < UNROLL; ++u) s += acc[u];
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (blockDim.x == 32) {
-        if (tid == 0) atomicAdd(out, s);
-        return;
-    }
     if ((tid & 31u) == 0) warp_sums[tid >> 5] = s;
     __syncthreads();
     if (tid < 32) {
