@@ -113,26 +113,35 @@ pub struct Outlier {
     pub expected_us: f64,
 }
 
-/// Time against work: each shape's time is compared with what the *other* shapes' time
-/// per unit of work (their median, so one odd shape cannot skew the rest) predicts for
-/// its work; a time off by more than `factor` either way is reported. Needs at least
-/// three shapes with positive work and time.
+/// How far apart two shapes' work may be for one to predict the other's time: across a
+/// wider span, fixed launch and memory-latency costs make time far from proportional to
+/// work (on an H200, softmax 8x50257 moves 3.2 MB in 4.3 µs and 4096x4096 moves 134 MB in
+/// 34 µs: 42 times the bytes in 8 times the time).
+pub const OUTLIER_WORK_SPAN: f64 = 8.0;
+
+/// Time against work: each shape's time is compared with what the time per unit of work
+/// of the *other* shapes within [`OUTLIER_WORK_SPAN`] of its work (their median, so one
+/// odd shape cannot skew the rest) predicts for its work; a time off by more than `factor`
+/// either way is reported. A shape is judged only against at least two such others, so
+/// a kernel needs three shapes of comparable work for the check to say anything.
 pub fn outliers(points: &[(String, f64, f64)], factor: f64) -> Vec<Outlier> {
     let pts: Vec<&(String, f64, f64)> = points
         .iter()
         .filter(|(_, w, t)| *w > 0.0 && *t > 0.0)
         .collect();
-    if pts.len() < 3 {
-        return Vec::new();
-    }
     let mut out = Vec::new();
     for (i, (shape, work, time)) in pts.iter().map(|p| (&p.0, p.1, p.2)).enumerate() {
         let mut rates: Vec<f64> = pts
             .iter()
             .enumerate()
-            .filter(|(j, _)| *j != i)
+            .filter(|(j, p)| {
+                *j != i && p.1 <= work * OUTLIER_WORK_SPAN && p.1 * OUTLIER_WORK_SPAN >= work
+            })
             .map(|(_, p)| p.2 / p.1)
             .collect();
+        if rates.len() < 2 {
+            continue;
+        }
         rates.sort_by(|a, b| a.total_cmp(b));
         let expected = quantile(&rates, 0.5) * work;
         if time > expected * factor || time < expected / factor {
@@ -204,5 +213,28 @@ mod tests {
         assert_eq!(o.len(), 1, "{o:?}");
         assert_eq!(o[0].shape, "s3");
         assert!(outliers(&pts[..2], 2.0).is_empty(), "too few shapes");
+    }
+
+    #[test]
+    fn latency_bound_small_shapes_are_not_judged_by_large_ones() {
+        // softmax's accepted variant on an H200 (cargo kopt verify): bytes, µs. Time is not
+        // proportional to bytes from 3 MB to 268 MB, and no shape is odd within its own
+        // range; a proportional fit over all four flagged every one of them.
+        let pts = vec![
+            ("4096x4096".into(), 134_217_728.0, 34.46),
+            ("16x65536".into(), 8_388_608.0, 5.81),
+            ("32768x1024".into(), 268_435_456.0, 64.34),
+            ("8x50257".into(), 3_216_448.0, 4.34),
+        ];
+        assert!(outliers(&pts, 2.0).is_empty());
+        // A shape three times slower than its neighbours of comparable work still shows.
+        let mut slow = pts.clone();
+        slow.push(("8192x4096".into(), 268_435_456.0, 64.5));
+        slow.push(("4096x8192".into(), 268_435_456.0, 200.0));
+        let o = outliers(&slow, 2.0);
+        assert_eq!(
+            o.iter().map(|o| o.shape.as_str()).collect::<Vec<_>>(),
+            ["4096x8192"]
+        );
     }
 }
