@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo run -q -p cargo-kopt -- kopt report --manifest-path examples/llm-kernels/Cargo.toml \
-    --bench docs/runs/2026-11-30-h200-small-shapes/rounds-b/bench-b1.json \
+    --bench docs/runs/2026-11-30-h200-small-shapes/rounds-c/bench-b1.json \
     --search-bench docs/runs/2026-11-29-h200-suite-4/search-bench-row_sum.json \
     --pending docs/runs/2026-11-29-h200-optimize/pending \
     --title "kopt report: llm-kernels on an NVIDIA H200" \
