@@ -33,6 +33,7 @@ obj sm_c12_tree softmax_f32 "$A" $sm -DCLUSTER=12 -DSPLIT_CACHE=8 -DMERGE_TREE=1
 obj gq_c16w4s3 gqa_decode_f16 "$G" $g -DCLUSTER=16 -DSTAGES=3 -DWARPS=4
 obj gq_c16w4s4 gqa_decode_f16 "$G" $g -DCLUSTER=16 -DSTAGES=4 -DWARPS=4
 obj gq_c8w4s3 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=3 -DWARPS=4
+obj gq_w9s3 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=3 -DWARPS=9
 si="-DSMALL_THREADS=128 -DSMALL_U=1"
 S="$ex/agents/silu_mul.cu"
 obj si_acc silu_mul_f16 "$(acc silu_mul)" $si -DUNROLL=2

@@ -3,8 +3,10 @@
 // version (sweep-5): softmax 16x65536 and 8x50257 with the exchange's merges shortened
 // (MERGE_TREE) and in clusters of 12; reduce_sum n=1000 and 1048576 with one-warp blocks;
 // gqa_decode at batch 1 in clusters of 16 with 4 warps, and in two clusters of 8 a work
-// item; with the clusters of each geometry the device holds at once. rmsnorm, layer_norm
-// and silu_mul keep the variants of the earlier sweeps.
+// item; with the clusters of each geometry the device holds at once (sweep-5.txt). Then
+// sweep-6.txt: gqa_decode with 9 warps of 3 stages at batch 8 and 1 (the batch-1 variants
+// of sweep 5 are no longer run). rmsnorm, layer_norm and silu_mul keep the variants of the
+// earlier sweeps.
 //
 // Each variant is a kernel object that run.sh compiles from the accepted variant's
 // kernel.cu or from examples/llm-kernels/agents/<kernel>.cu with some defines, its entry
@@ -52,7 +54,7 @@ KERNEL rs_warp(const float*, float*, unsigned long long);
 #define SILU(n) KERNEL n(const void*, void*, unsigned, unsigned);
 SILU(si_acc) SILU(si_u1) SILU(si_t512) SILU(si_t1024) SILU(si_flat1_512) SILU(si_t512_u2)
 #define GQA(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, unsigned, unsigned);
-GQA(gq_acc) GQA(gq_c16w4s3) GQA(gq_c16w4s4) GQA(gq_c8w4s3)
+GQA(gq_acc) GQA(gq_c16w4s3) GQA(gq_c16w4s4) GQA(gq_c8w4s3) GQA(gq_w9s3)
 KERNEL copy_f4(const void*, void*, unsigned long long);
 
 static cudaStream_t g_stream;
@@ -418,11 +420,12 @@ int main(int argc, char** argv) {
         }
     }
     if (want("gqa_decode")) {
-        // Batch 1 (8 work items): the accepted rule gives each item one cluster of 8 splits
-        // (64 blocks of 192 KB of shared memory, one a SM). The others: clusters of 16 with
-        // 4 warps (96 or 128 KB), and two clusters of 8 a item merged through the scratch.
-        for (unsigned seq : {16384u, 32768u}) {
-            const unsigned batch = 1, hq = 32, hkv = 8;
+        // The accepted rule: at batch 8 (64 work items) one block a work item, no split; at
+        // batch 1 (8 work items) one cluster of 8 splits a work item (64 blocks of 192 KB of
+        // shared memory, one a SM). Sweep 6: 9 warps of 3 stages (216 KB) in the same rule.
+        for (const std::pair<unsigned, unsigned> bs :
+             {std::pair<unsigned, unsigned>{8, 1024}, {8, 4096}, {1, 16384}, {1, 32768}}) {
+            const unsigned batch = bs.first, seq = bs.second, hq = 32, hkv = 8;
             const size_t qn = (size_t)batch * hq * 128, kn = (size_t)batch * hkv * seq * 128;
             Shape sh({qn * 2, kn * 2, kn * 2, qn * 2});
             sh.fill(0, halves(normals(qn)).data());
@@ -457,12 +460,11 @@ int main(int argc, char** argv) {
                                   CK(cudaLaunchKernelExC(&cfg, fn, args));
                               }});
             };
-            add("accepted", (const void*)gq_acc, 8, 3, 8, 8);
-            add("c16 w4 s3", (const void*)gq_c16w4s3, 4, 3, 16, 16);
-            add("c16 w4 s4", (const void*)gq_c16w4s4, 4, 4, 16, 16);
-            add("2 x c8 w4 s3", (const void*)gq_c8w4s3, 4, 3, 16, 8);
+            const unsigned splits = batch == 1 ? 8 : 1;
+            add("accepted", (const void*)gq_acc, 8, 3, splits, splits);
+            add("w9 s3", (const void*)gq_w9s3, 9, 3, splits, splits);
             char name[32];
-            snprintf(name, sizeof name, "B1 S%u", seq);
+            snprintf(name, sizeof name, "B%u S%u", batch, seq);
             sweep("gqa_decode", name, sh, qn * 4 + kn * 4, vs, 3, true, false);
         }
     }
