@@ -15,7 +15,12 @@ obj() {
 }
 acc() { echo "$ex/kopt/$1/$(grep -m1 '^variant' "$ex/kopt/$1/kopt.lock" | cut -d'"' -f2)/kernel.cu"; }
 sm="-DCACHE=8 -DEXCHANGE_PUSH=1 -DHEAD_REGS=1 -DSPLIT_REUSE=1 -DWARPS=1 -DWARP_CACHE=8"
-obj sm_acc softmax_f32 "$(acc softmax)" $sm -DCLUSTER=8 -DSPLIT_CACHE=8
+obj sm_acc softmax_f32 "$(acc softmax)" $sm -DCLUSTER=8 -DSPLIT_CACHE=8 -DMERGE_TREE=1
+# The accepted softmax with its cluster compiled in (__cluster_dims__) instead of set at launch.
+sed 's/^extern "C" __global__ void __launch_bounds__(1024)/extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(1024)/' \
+    "$(acc softmax)" >"$w/softmax_compiled_cluster.cu"
+grep -q '__cluster_dims__(8, 1, 1)' "$w/softmax_compiled_cluster.cu"
+obj sm_cc softmax_f32 "$w/softmax_compiled_cluster.cu" $sm -DCLUSTER=8 -DSPLIT_CACHE=8 -DMERGE_TREE=1
 A="$ex/agents/softmax.cu"
 obj sm_c16_c8 softmax_f32 "$A" $sm -DCLUSTER=16 -DSPLIT_CACHE=8
 G="$(acc gqa_decode)"

@@ -5,8 +5,9 @@
 // gqa_decode at batch 1 in clusters of 16 with 4 warps, and in two clusters of 8 a work
 // item; with the clusters of each geometry the device holds at once (sweep-5.txt). Then
 // sweep-6.txt: gqa_decode with 9 warps of 3 stages at batch 8 and 1 (the batch-1 variants
-// of sweep 5 are no longer run). rmsnorm, layer_norm and silu_mul keep the variants of the
-// earlier sweeps.
+// of sweep 5 are no longer run). sweep-7.txt: softmax with its cluster compiled in against
+// set at launch (the softmax variants of sweep 5 are no longer run). rmsnorm, layer_norm and
+// silu_mul keep the variants of the earlier sweeps.
 //
 // Each variant is a kernel object that run.sh compiles from the accepted variant's
 // kernel.cu or from examples/llm-kernels/agents/<kernel>.cu with some defines, its entry
@@ -44,7 +45,7 @@
 #define KERNEL extern "C" void
 #endif
 #define SOFTMAX(n) KERNEL n(const float*, float*, unsigned, unsigned);
-SOFTMAX(sm_acc) SOFTMAX(sm_c16_c8) SOFTMAX(sm_tree) SOFTMAX(sm_c12_tree)
+SOFTMAX(sm_acc) SOFTMAX(sm_c16_c8) SOFTMAX(sm_tree) SOFTMAX(sm_c12_tree) SOFTMAX(sm_cc)
 #define RMS(n) KERNEL n(const void*, const void*, void*, unsigned, unsigned, float);
 RMS(rms_acc) RMS(rms_c8) RMS(rms_c16)
 #define LN(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, float);
@@ -306,34 +307,34 @@ int main(int argc, char** argv) {
     for (const void* f : {(const void*)sm_c16_c8, (const void*)sm_c12_tree, (const void*)gq_c16w4s3, (const void*)gq_c16w4s4})
         CK(cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     if (want("softmax")) {
-        for (const std::pair<unsigned, unsigned> rc : {std::pair<unsigned, unsigned>{16, 65536}, {8, 50257}}) {
+        // Sweep 7: the accepted variant with its cluster set at launch (the launch rule's
+        // `cluster`, split mode only) against the same source with __cluster_dims__(8)
+        // compiled in, which puts every mode's launch in clusters of 8.
+        for (const std::pair<unsigned, unsigned> rc :
+             {std::pair<unsigned, unsigned>{16, 65536}, {8, 50257}, {32768, 1024}, {4096, 4096}}) {
             const unsigned rows = rc.first, cols = rc.second;
             const size_t n = (size_t)rows * cols;
             Shape sh({n * 4, n * 4});
             sh.fill(0, normals(n, 2.0f).data());
             std::vector<Variant> vs;
-            // cache: the float4s a thread the launch rule sizes the block for.
-            auto add = [&](const char* name, const void* fn, unsigned cluster, unsigned cache) {
+            // The launch rule of the accepted variant (CLUSTER 8, SPLIT_CACHE 8, WARPS 1,
+            // WARP_CACHE 8); `compiled`: no cluster attribute at launch.
+            auto add = [&](const char* name, const void* fn, bool compiled) {
+                const bool split = rows < 256 && cols >= 1024, warp = !split && cols <= 1024;
+                const unsigned grid = split ? rows * 8 : rows;  // warp mode: one row a 32-thread block
+                const unsigned block = split ? clampu(rup(cdiv(cdiv(cols, 8), 32), 32), 64, 1024)
+                                       : warp ? 32 : clampu(rup(cdiv(cols, 32), 32), 64, 1024);
+                const unsigned cluster = split && !compiled ? 8 : 1;
                 vs.push_back({name, [=, &sh](int i) {
                                   const void* x = sh.roles[0].at(i);
                                   void* y = sh.roles[1].at(i);
                                   unsigned r = rows, c = cols;
                                   void* args[] = {&x, &y, &r, &c};
-                                  const unsigned block = clampu(
-                                      rup(cdiv(cdiv(cols, cluster), 4 * cache), 32), 64, 1024);
-                                  launch(fn, dim3(rows * cluster), dim3(block), cluster, args);
+                                  launch(fn, dim3(grid), dim3(block), cluster, args);
                               }});
             };
-            add("accepted", (const void*)sm_acc, 8, 8);
-            add("tree", (const void*)sm_tree, 8, 8);
-            if (rows * 12 <= 132) add("cluster 12 tree", (const void*)sm_c12_tree, 12, 8);
-            for (unsigned cl : {8u, 12u, 16u}) {
-                const void* fn = cl == 8 ? (const void*)sm_acc : cl == 12 ? (const void*)sm_c12_tree
-                                                                        : (const void*)sm_c16_c8;
-                const unsigned block = clampu(rup(cdiv(cdiv(cols, cl), 32), 32), 64, 1024);
-                printf("softmax %ux%u: clusters of %u (%u threads) held at once: %d\n", rows, cols,
-                       cl, block, max_clusters(fn, block, cl, 0));
-            }
+            add("accepted", (const void*)sm_acc, false);
+            add("compiled-in cluster", (const void*)sm_cc, true);
             char name[32];
             snprintf(name, sizeof name, "%ux%u", rows, cols);
             sweep("softmax", name, sh, n * 8, vs, 1, false, false);
