@@ -22,7 +22,6 @@ sed 's/^extern "C" __global__ void __launch_bounds__(1024)/extern "C" __global__
 grep -q '__cluster_dims__(8, 1, 1)' "$w/softmax_compiled_cluster.cu"
 obj sm_cc softmax_f32 "$w/softmax_compiled_cluster.cu" $sm -DCLUSTER=8 -DSPLIT_CACHE=8 -DMERGE_TREE=1
 A="$ex/agents/softmax.cu"
-obj sm_c16_c8 softmax_f32 "$A" $sm -DCLUSTER=16 -DSPLIT_CACHE=8
 G="$(acc gqa_decode)"
 g="-DSPLIT_ITEMS=64 -DWAVE_BLOCKS=64"
 obj gq_acc gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=3 -DWARPS=8
@@ -32,12 +31,6 @@ obj rms_c16 rmsnorm_f16 "$ex/agents/rmsnorm.cu" -DCACHE=16
 obj ln_acc layer_norm_f16 "$(acc layer_norm)" -DMAX_VECS=4
 for v in 2 4 8; do obj ln_fv$v layer_norm_f16 "$ex/agents/layer_norm.cu" -DMAX_VECS=4 -DFEW_VECS=$v; done
 obj rs_acc reduce_sum_f32 "$(acc reduce_sum)" -DUNROLL=4
-obj rs_warp reduce_sum_f32 "$ex/agents/reduce_sum.cu" -DUNROLL=4
-obj sm_tree softmax_f32 "$A" $sm -DCLUSTER=8 -DSPLIT_CACHE=8 -DMERGE_TREE=1
-obj sm_c12_tree softmax_f32 "$A" $sm -DCLUSTER=12 -DSPLIT_CACHE=8 -DMERGE_TREE=1
-obj gq_c16w4s3 gqa_decode_f16 "$G" $g -DCLUSTER=16 -DSTAGES=3 -DWARPS=4
-obj gq_c16w4s4 gqa_decode_f16 "$G" $g -DCLUSTER=16 -DSTAGES=4 -DWARPS=4
-obj gq_c8w4s3 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=3 -DWARPS=4
 obj gq_w9s3 gqa_decode_f16 "$G" $g -DCLUSTER=8 -DSTAGES=3 -DWARPS=9
 si="-DSMALL_THREADS=128 -DSMALL_U=1"
 S="$ex/agents/silu_mul.cu"

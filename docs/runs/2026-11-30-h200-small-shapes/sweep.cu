@@ -1,13 +1,10 @@
 // Launch geometry and define sweeps of the suite's kernels on the shapes furthest from a
 // same-size copy, in one process, before any of them goes through kopt's loop. This
-// version (sweep-5): softmax 16x65536 and 8x50257 with the exchange's merges shortened
-// (MERGE_TREE) and in clusters of 12; reduce_sum n=1000 and 1048576 with one-warp blocks;
-// gqa_decode at batch 1 in clusters of 16 with 4 warps, and in two clusters of 8 a work
-// item; with the clusters of each geometry the device holds at once (sweep-5.txt). Then
-// sweep-6.txt: gqa_decode with 9 warps of 3 stages at batch 8 and 1 (the batch-1 variants
-// of sweep 5 are no longer run). sweep-7.txt: softmax with its cluster compiled in against
-// set at launch (the softmax variants of sweep 5 are no longer run). rmsnorm, layer_norm and
-// silu_mul keep the variants of the earlier sweeps.
+// version holds the last sweeps: gqa_decode with 9 warps of 3 stages at batch 8 and 1
+// (sweep-6.txt), softmax with its cluster compiled in against set at launch (sweep-7.txt),
+// reduce_sum's accepted variant in its own and in one-warp grids, and the rmsnorm,
+// layer_norm and silu_mul variants of sweeps 1-2. The other variants of earlier sweeps are
+// in this file's history (sweep 5 as run: commit 1023c86).
 //
 // Each variant is a kernel object that run.sh compiles from the accepted variant's
 // kernel.cu or from examples/llm-kernels/agents/<kernel>.cu with some defines, its entry
@@ -45,17 +42,16 @@
 #define KERNEL extern "C" void
 #endif
 #define SOFTMAX(n) KERNEL n(const float*, float*, unsigned, unsigned);
-SOFTMAX(sm_acc) SOFTMAX(sm_c16_c8) SOFTMAX(sm_tree) SOFTMAX(sm_c12_tree) SOFTMAX(sm_cc)
+SOFTMAX(sm_acc) SOFTMAX(sm_cc)
 #define RMS(n) KERNEL n(const void*, const void*, void*, unsigned, unsigned, float);
 RMS(rms_acc) RMS(rms_c8) RMS(rms_c16)
 #define LN(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, float);
 LN(ln_acc) LN(ln_fv2) LN(ln_fv4) LN(ln_fv8)
 KERNEL rs_acc(const float*, float*, unsigned long long);
-KERNEL rs_warp(const float*, float*, unsigned long long);
 #define SILU(n) KERNEL n(const void*, void*, unsigned, unsigned);
 SILU(si_acc) SILU(si_u1) SILU(si_t512) SILU(si_t1024) SILU(si_flat1_512) SILU(si_t512_u2)
 #define GQA(n) KERNEL n(const void*, const void*, const void*, void*, unsigned, unsigned, unsigned, unsigned);
-GQA(gq_acc) GQA(gq_c16w4s3) GQA(gq_c16w4s4) GQA(gq_c8w4s3) GQA(gq_w9s3)
+GQA(gq_acc) GQA(gq_w9s3)
 KERNEL copy_f4(const void*, void*, unsigned long long);
 
 static cudaStream_t g_stream;
@@ -303,9 +299,6 @@ int main(int argc, char** argv) {
     CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
     g_l2 = (size_t)l2;
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-    // Clusters of 16 are non-portable: allowed per function, as kopt::open_launch_limits does.
-    for (const void* f : {(const void*)sm_c16_c8, (const void*)sm_c12_tree, (const void*)gq_c16w4s3, (const void*)gq_c16w4s4})
-        CK(cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     if (want("softmax")) {
         // Sweep 7: the accepted variant with its cluster set at launch (the launch rule's
         // `cluster`, split mode only) against the same source with __cluster_dims__(8)
@@ -399,21 +392,17 @@ int main(int argc, char** argv) {
             Shape sh({n * 4, 4});
             sh.fill(0, normals(n, 1.0f, 1.0f).data());
             std::vector<Variant> vs;
-            auto add = [&](std::string name, unsigned grid, unsigned block,
-                           const void* fn = (const void*)rs_acc) {
+            auto add = [&](std::string name, unsigned grid, unsigned block) {
                 vs.push_back({name, [=, &sh](int i) {
                                   const void* x = sh.roles[0].at(i);
                                   void* o = sh.roles[1].at(i);
                                   unsigned long long nn = n;
                                   void* args[] = {&x, &o, &nn};
-                                  launch(fn, dim3(grid), dim3(block), 1, args);
+                                  launch((const void*)rs_acc, dim3(grid), dim3(block), 1, args);
                               }});
             };
             const unsigned acc_grid = (unsigned)std::min<unsigned long long>((n + 4095) / 4096, 1056);
             add("accepted", acc_grid, 256);
-            add("new, same grid", acc_grid, 256, (const void*)rs_warp);
-            add("new, warps n/128", (unsigned)((n + 127) / 128), 32, (const void*)rs_warp);
-            add("new, warps n/256", (unsigned)((n + 255) / 256), 32, (const void*)rs_warp);
             add("accepted, warps n/128", (unsigned)((n + 127) / 128), 32);
             char name[32];
             snprintf(name, sizeof name, "n=%llu", n);
