@@ -236,7 +236,7 @@ pub fn pin(k: &Kernel, variant: &str, arch: &str, region: Option<&str>) -> Resul
             k.spec.name
         )));
     }
-    if !source::defines_entry(&src, &v.entry) {
+    if !source::may_define_entry(&src, &v.entry) {
         return Err(EditError::Invalid(format!(
             "{relv}/{} defines no __global__ function `{}`",
             files::SOURCE_FILE,

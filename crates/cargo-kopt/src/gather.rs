@@ -28,6 +28,9 @@ pub struct Kernel {
     pub reference: Amalgamated,
     pub hashes: Hashes,
     pub state: KernelState,
+    /// What a lexical reading could not settle and NVRTC will (an entry made by a macro,
+    /// a quoted include left to CUDA's folders): shown by `list` and `check`.
+    pub notes: Vec<String>,
 }
 
 /// An annotation that does not parse: the build reports it as a compile error too.
@@ -234,15 +237,25 @@ fn gather_file(package: &str, root: &Path, file: &Path, out: &mut Gathered) {
                 continue;
             }
         };
-        if !source::defines_entry(&reference.text, &spec.entry) {
-            out.errors.push(err(
-                launcher.entry_span,
-                format!(
-                    "`{}` defines no `__global__` function `{}`",
-                    spec.reference, spec.entry
-                ),
+        let mut notes = Vec::new();
+        match source::entry_presence(&reference.text, &spec.entry) {
+            source::EntryPresence::Defined => {}
+            source::EntryPresence::Unseen(why) => notes.push(why),
+            source::EntryPresence::Absent => {
+                out.errors.push(err(
+                    launcher.entry_span,
+                    format!(
+                        "`{}` defines no `__global__` function `{}`",
+                        spec.reference, spec.entry
+                    ),
+                ));
+                continue;
+            }
+        }
+        for (file, line, include) in &reference.system_includes {
+            notes.push(format!(
+                "{file}:{line}: `#include \"{include}\"` is not in the crate; NVRTC looks for it in CUDA's include folders"
             ));
-            continue;
         }
         let hashes = Hashes::of(&spec, &reference);
         let state = store::resolve(root, &spec, &hashes);
@@ -255,6 +268,7 @@ fn gather_file(package: &str, root: &Path, file: &Path, out: &mut Gathered) {
             reference,
             hashes,
             state,
+            notes,
         });
     }
 }

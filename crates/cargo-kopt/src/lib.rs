@@ -3,6 +3,8 @@
 //! - [`gather`]: find the annotated kernels of a workspace (cargo metadata + syn + the
 //!   macro's own parser) and resolve their committed files;
 //! - [`commands`]: `list`, `check`, `pin`, `revert` as functions returning data;
+//! - [`compile_check`]: `check`'s compile fence, every reference and accepted variant
+//!   through NVRTC on the CPU;
 //! - [`eval`]: `verify` and `bench` through the evaluation engine;
 //! - [`render`]: their tables;
 //! - [`profile`]: `cargo kopt profile`, the bottleneck snapshot of a kernel (issue 5);
@@ -16,6 +18,7 @@
 //! - [`table`]: plain-text tables for people.
 
 pub mod commands;
+pub mod compile_check;
 pub mod eval;
 pub mod gather;
 pub mod mcp;

@@ -128,6 +128,7 @@ pub fn point_version(
         options,
         ptx: None,
         cubin: None,
+        symbol: None,
         ..base.clone()
     }
 }
@@ -144,15 +145,17 @@ impl NvrtcCompiler {
             return kopt_engine::worker::fake::fake_compile(v).map(|ptx| CompiledCode {
                 ptx: Some(ptx),
                 cubin: None,
+                symbol: None,
             });
         }
         let options = v.compile_options();
         let opts: Vec<&str> = options.iter().map(String::as_str).collect();
         let arch = kopt_spec::files::arch_name(self.cc.0 as u32, self.cc.1 as u32);
-        kopt::compile_native("search", &v.id, &v.source, &opts, &arch)
+        kopt::compile_native("search", &v.id, &v.source, &opts, &arch, Some(&v.entry))
             .map(|n| CompiledCode {
                 ptx: n.ptx,
                 cubin: Some(n.cubin),
+                symbol: n.entry.filter(|s| *s != v.entry),
             })
             .map_err(|e| match e {
                 kopt::Error::Compile { log, .. } => log,
@@ -167,6 +170,8 @@ impl NvrtcCompiler {
 pub struct CompiledCode {
     pub ptx: Option<String>,
     pub cubin: Option<Vec<u8>>,
+    /// The entry's lowered name where it differs from the version's entry.
+    pub symbol: Option<String>,
 }
 
 impl CompiledCode {
@@ -176,6 +181,7 @@ impl CompiledCode {
             Some(c) => v.set_cubin(c),
             None => v.ptx = self.ptx.clone(),
         }
+        v.symbol = self.symbol.clone();
     }
 
     /// One string for the search's compile pool: the base64 cubin, or the PTX.
@@ -1193,6 +1199,7 @@ fn save_winner(
             candidate: kopt_agent::proposal::Candidate {
                 source: Some(best_version.source.clone()),
                 diff: None,
+                entry: (best_version.entry != ev.base.entry).then(|| best_version.entry.clone()),
             },
             launch: None,
             defines: best_version.defines.clone(),

@@ -100,6 +100,10 @@ pub struct Candidate {
     pub source: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff: Option<String>,
+    /// The candidate's `__global__` entry when it has a name of its own
+    /// (`softmax_kernel4`); absent, the kernel's entry. Same arguments, same order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<String>,
 }
 
 /// A launch rule as expression text over the scalar arguments and the defines.
@@ -225,8 +229,15 @@ fn resolve(p: Proposal, spec: &KernelSpec, current_best: &str) -> Result<Resolve
         }
     };
     if let Some(s) = &source {
-        if !kopt_spec::source::defines_entry(s, &spec.entry) {
-            errors.push(format!("the candidate defines no `__global__` function `{}` (the entry point must keep its name and signature)", spec.entry));
+        match p.candidate.entry.as_deref() {
+            Some(entry) if !kopt_spec::source::may_define_entry(s, entry) => {
+                errors.push(format!("the candidate defines no `__global__` function `{entry}`, which `candidate.entry` names"));
+            }
+            Some(_) => {}
+            None if !kopt_spec::source::may_define_entry(s, &spec.entry) => {
+                errors.push(format!("the candidate defines no `__global__` function `{}` (the entry point must keep its signature; a kernel of another name is named in `candidate.entry`)", spec.entry));
+            }
+            None => {}
         }
     }
     if let Some(l) = &p.launch {

@@ -1198,6 +1198,9 @@ pub fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> Kernel
     let mut v = best.clone();
     v.id = id.to_string();
     v.source = r.source.clone();
+    if let Some(entry) = &r.proposal.candidate.entry {
+        v.entry = entry.clone();
+    }
     // Code compiled ahead belongs to the best's source, not to the candidate's.
     v.ptx = None;
     v.cubin = None;

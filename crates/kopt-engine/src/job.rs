@@ -33,6 +33,10 @@ pub struct KernelVersion {
     /// milliseconds a module). Takes precedence over `ptx`; part of the cache key too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cubin: Option<String>,
+    /// The entry's name in the attached `ptx` or `cubin` where it differs from `entry`:
+    /// NVRTC's lowered name of a name expression (`softmax<float>`). Absent: `entry`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
 }
 
 impl KernelVersion {
@@ -47,6 +51,7 @@ impl KernelVersion {
             options: spec.options.clone(),
             ptx: None,
             cubin: None,
+            symbol: None,
         }
     }
 
@@ -61,6 +66,7 @@ impl KernelVersion {
             options: v.options.clone(),
             ptx: None,
             cubin: None,
+            symbol: None,
         }
     }
 

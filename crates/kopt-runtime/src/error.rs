@@ -39,6 +39,13 @@ pub enum Error {
         variant: String,
         log: String,
     },
+    #[error("`{kernel}`: the module NVRTC compiled for `{variant}` has no kernel `{entry}` ({detail}): the source neither defines it nor generates it through a macro or template; set `entry = \"...\"` to a name the compiled module holds")]
+    NoEntry {
+        kernel: String,
+        variant: String,
+        entry: String,
+        detail: String,
+    },
     #[error("NVRTC (libnvrtc.so) could not be loaded: install the CUDA toolkit's NVRTC, or add its folder to LD_LIBRARY_PATH")]
     NoNvrtc,
     #[error("`{kernel}` was used from more than {max} CUDA contexts")]

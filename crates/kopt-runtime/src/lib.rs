@@ -23,12 +23,14 @@
 mod compile;
 mod error;
 pub mod gpu;
+pub mod headers;
 mod kernel;
 mod launch;
 
 pub use compile::{
-    compile_cubin, compile_native, compile_ptx, cuda_include_dirs, open_launch_limits,
-    options_arch, Native,
+    compile_cubin, compile_module, compile_native, compile_ptx, cuda_include_dirs,
+    is_name_expression, nvrtc_version, open_launch_limits, options_arch, ptxas_entries,
+    CompiledEntry, Module, Native,
 };
 pub use error::Error;
 pub use kernel::{

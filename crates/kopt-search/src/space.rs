@@ -684,6 +684,7 @@ impl Space {
             options: self.options(id),
             ptx: None,
             cubin: None,
+            symbol: None,
         }
     }
 

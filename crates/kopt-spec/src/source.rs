@@ -2,9 +2,13 @@
 //! translation unit, and the hashes that tie a variant to what it was verified against.
 //!
 //! The runtime compiles with NVRTC from an embedded string and has no files, so the
-//! reference is *amalgamated*: each quoted include is inlined once (as `#pragma once`
-//! would), wrapped in `#line` directives so that compiler messages name the original file
-//! and line. `#include <...>` (CUDA's own headers) is left to NVRTC.
+//! reference is *amalgamated*: each quoted include found in the crate is inlined once (as
+//! `#pragma once` would), wrapped in `#line` directives so that compiler messages name the
+//! original file and line. A quoted include that is not found beside the including file
+//! or in the declared include folders falls back to the system search path, as the C
+//! preprocessor does: it is left in place for NVRTC, which looks in CUDA's include
+//! folders (`#include "cuda_fp16.h"` in a helper header is common). `#include <...>`
+//! is left to NVRTC too.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -16,19 +20,15 @@ pub struct Amalgamated {
     pub text: String,
     /// Every file read, the reference first (absolute paths, for build tracking).
     pub files: Vec<PathBuf>,
+    /// Quoted includes found nowhere in the crate, left for NVRTC's search path (CUDA's
+    /// include folders), in the order met: `(file, line, include)`.
+    pub system_includes: Vec<(String, usize, String)>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SourceError {
     #[error("cannot read `{path}`: {reason}")]
     Read { path: String, reason: String },
-    #[error("{file}:{line}: `#include \"{include}\"` not found (searched {searched})")]
-    IncludeNotFound {
-        file: String,
-        line: usize,
-        include: String,
-        searched: String,
-    },
     #[error("{file}:{line}: `#include \"{include}\"` leaves the crate; kernel includes must stay inside it")]
     IncludeEscapes {
         file: String,
@@ -47,6 +47,7 @@ pub fn amalgamate(
     let mut out = Amalgamated {
         text: String::new(),
         files: Vec::new(),
+        system_includes: Vec::new(),
     };
     let root = crate_root.canonicalize().map_err(|e| SourceError::Read {
         path: crate_root.display().to_string(),
@@ -95,7 +96,9 @@ fn inline(
     })?;
     out.files.push(file.clone());
     let dir = file.parent().unwrap_or(root).to_path_buf();
-    let mut first = true;
+    // Whether the next line written needs a `#line` marker first: at the file's start,
+    // and after a marker-less gap.
+    let mut need_marker = true;
     for (i, line) in text.lines().enumerate() {
         let lineno = i + 1;
         if let Some(inc) = quoted_include(line) {
@@ -104,16 +107,22 @@ fn inline(
                 .map(|p| normalise(&p))
                 .collect();
             let Some(found) = candidates.iter().find(|p| p.is_file()) else {
-                return Err(SourceError::IncludeNotFound {
-                    file: name,
-                    line: lineno,
-                    include: inc,
-                    searched: candidates
-                        .iter()
-                        .map(|p| rel(root, p.parent().unwrap_or(root)))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                });
+                if Path::new(&inc).is_absolute() || inc.split(['/', '\\']).any(|c| c == "..") {
+                    return Err(SourceError::IncludeEscapes {
+                        file: name,
+                        line: lineno,
+                        include: inc,
+                    });
+                }
+                // Not the crate's: the system search path's, as for `<...>`.
+                out.system_includes.push((name.clone(), lineno, inc));
+                if need_marker {
+                    out.text.push_str(&format!("#line {lineno} \"{name}\"\n"));
+                    need_marker = false;
+                }
+                out.text.push_str(line);
+                out.text.push('\n');
+                continue;
             };
             let resolved = found.canonicalize().unwrap_or_else(|_| found.clone());
             if Path::new(&inc).is_absolute() || !resolved.starts_with(root) {
@@ -127,14 +136,15 @@ fn inline(
                 inline(root, found, dirs, out)?;
                 out.text
                     .push_str(&format!("#line {} \"{}\"\n", lineno + 1, name));
+                need_marker = false;
             } else {
                 out.text.push('\n');
             }
             continue;
         }
-        if first {
-            out.text.push_str(&format!("#line 1 \"{name}\"\n"));
-            first = false;
+        if need_marker {
+            out.text.push_str(&format!("#line {lineno} \"{name}\"\n"));
+            need_marker = false;
         }
         if line.trim() == "#pragma once" {
             out.text.push('\n');
@@ -211,9 +221,100 @@ pub fn global_functions(source: &str) -> Vec<String> {
     out
 }
 
-/// Whether `source` defines a `__global__` function named `entry`.
+/// Whether `source` defines a `__global__` function named `entry`, as far as a lexical
+/// scan can tell.
 pub fn defines_entry(source: &str, entry: &str) -> bool {
     global_functions(source).iter().any(|n| n == entry)
+}
+
+/// Whether `source` defines `entry` or may generate it ([`entry_presence`] is not
+/// `Absent`): the check every stored variant and proposal passes before NVRTC has its say.
+pub fn may_define_entry(source: &str, entry: &str) -> bool {
+    entry_presence(source, entry) != EntryPresence::Absent
+}
+
+/// What a lexical scan can say of an entry point. NVRTC is the authority: the entry is
+/// there when the compiled module holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryPresence {
+    /// Written out: `extern "C" __global__ void <entry>(`.
+    Defined,
+    /// Not written out, but the source can make it: a macro whose body defines a
+    /// `__global__` function, or a `__global__` template with a name expression as the
+    /// entry (`softmax<float>`). The reason, for a note.
+    Unseen(String),
+    /// Neither written nor possibly generated: a typo or another file's kernel.
+    Absent,
+}
+
+/// Looks for `entry` in `source`: see [`EntryPresence`].
+pub fn entry_presence(source: &str, entry: &str) -> EntryPresence {
+    if defines_entry(source, entry) {
+        return EntryPresence::Defined;
+    }
+    if let Some(open) = entry.find('<') {
+        let base = entry[..open].trim();
+        let base = base.rsplit("::").next().unwrap_or(base);
+        if global_functions(source).iter().any(|n| n == base) {
+            return EntryPresence::Unseen(format!(
+                "`{entry}` names an instantiation of the `__global__` template `{base}`; NVRTC lowers it when the kernel is compiled"
+            ));
+        }
+        return EntryPresence::Absent;
+    }
+    let macros = global_macros(source);
+    if !macros.is_empty() {
+        let listed = macros
+            .iter()
+            .map(|m| format!("`{m}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return EntryPresence::Unseen(format!(
+            "`{entry}` is not written out, but the macro{} {listed} define{} `__global__` functions; NVRTC checks that the compiled module holds it",
+            if macros.len() == 1 { "" } else { "s" },
+            if macros.len() == 1 { "s" } else { "" },
+        ));
+    }
+    EntryPresence::Absent
+}
+
+/// Names of the `#define`d macros whose bodies (continuation lines included) contain
+/// `__global__`.
+pub fn global_macros(source: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut lines = source.lines();
+    while let Some(line) = lines.next() {
+        let t = line.trim_start();
+        let Some(rest) = t.strip_prefix('#').map(str::trim_start) else {
+            continue;
+        };
+        let Some(rest) = rest.strip_prefix("define") else {
+            continue;
+        };
+        if !rest.starts_with([' ', '\t']) {
+            continue;
+        }
+        let name: String = rest
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let mut body = line.to_string();
+        let mut current = line;
+        while current.trim_end().ends_with('\\') {
+            match lines.next() {
+                Some(next) => {
+                    body.push_str(next);
+                    current = next;
+                }
+                None => break,
+            }
+        }
+        if body.contains("__global__") && !name.is_empty() && !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -265,12 +366,16 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         write(d.path(), "common/util.cuh", "#define TWO 2\n");
         write(d.path(), "kernels/k.cu", "#include \"util.cuh\"\n");
-        assert!(matches!(
-            amalgamate(d.path(), "kernels/k.cu", &[]),
-            Err(SourceError::IncludeNotFound { .. })
-        ));
+        // Not in the crate: left for NVRTC's search path, as the preprocessor would.
+        let a = amalgamate(d.path(), "kernels/k.cu", &[]).unwrap();
+        assert!(a.text.contains("#include \"util.cuh\""));
+        assert_eq!(
+            a.system_includes,
+            vec![("kernels/k.cu".to_string(), 1, "util.cuh".to_string())]
+        );
         let a = amalgamate(d.path(), "kernels/k.cu", &["common".into()]).unwrap();
         assert!(a.text.contains("#define TWO 2"));
+        assert!(a.system_includes.is_empty());
 
         let outer = tempfile::tempdir().unwrap();
         write(outer.path(), "secret.h", "x\n");
@@ -288,5 +393,70 @@ mod tests {
             hash(b"abc"),
             "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn a_quoted_cuda_header_falls_back_to_the_system_path() {
+        let d = tempfile::tempdir().unwrap();
+        write(
+            d.path(),
+            "kernels/candle/compatibility.cuh",
+            "#include \"cuda_fp16.h\"\n#include \"cuda_bf16.h\"\n__device__ int one() { return 1; }\n",
+        );
+        write(
+            d.path(),
+            "kernels/candle/k.cu",
+            "#include \"compatibility.cuh\"\nextern \"C\" __global__ void k(int* y) { y[0] = one(); }\n",
+        );
+        let a = amalgamate(d.path(), "kernels/candle/k.cu", &[]).unwrap();
+        assert_eq!(a.system_includes.len(), 2);
+        assert_eq!(
+            a.text,
+            "#line 1 \"kernels/candle/compatibility.cuh\"\n#include \"cuda_fp16.h\"\n#include \"cuda_bf16.h\"\n__device__ int one() { return 1; }\n#line 2 \"kernels/candle/k.cu\"\nextern \"C\" __global__ void k(int* y) { y[0] = one(); }\n"
+        );
+        // An escaping path stays an error even when nothing is found.
+        write(d.path(), "kernels/e.cu", "#include \"../../nowhere.h\"\n");
+        assert!(matches!(
+            amalgamate(d.path(), "kernels/e.cu", &[]),
+            Err(SourceError::IncludeEscapes { .. })
+        ));
+    }
+
+    #[test]
+    fn line_markers_are_right_when_a_file_begins_with_an_include() {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "kernels/h.cuh", "#pragma once\n#define ONE 1\n");
+        write(
+            d.path(),
+            "kernels/k.cu",
+            "#include \"h.cuh\"\nextern \"C\" __global__ void k(int* y) { y[0] = ONE; }\n",
+        );
+        let a = amalgamate(d.path(), "kernels/k.cu", &[]).unwrap();
+        let lines: Vec<&str> = a.text.lines().collect();
+        let at = lines.iter().position(|l| l.starts_with("extern")).unwrap();
+        assert_eq!(lines[at - 1], "#line 2 \"kernels/k.cu\"");
+        assert_eq!(a.text.matches("#line").count(), 2, "{}", a.text);
+    }
+
+    #[test]
+    fn entries_made_by_macros_and_templates_are_unseen_not_absent() {
+        let by_macro = "#define SOFTMAX_OP(T, NAME) \\\n  extern \"C\" __global__ void NAME(const T* x, T* y, int n) { \\\n    softmax<T>(x, y, n); \\\n  }\nSOFTMAX_OP(float, softmax_f32)\nSOFTMAX_OP(__half, softmax_f16)\n";
+        assert!(matches!(
+            entry_presence(by_macro, "softmax_f32"),
+            EntryPresence::Unseen(why) if why.contains("`SOFTMAX_OP`")
+        ));
+        assert_eq!(global_macros(by_macro), vec!["SOFTMAX_OP"]);
+        let template = "template <typename T, int B>\n__global__ void reduce(const T* x, T* y) {}\ntemplate __global__ void reduce<float, 256>(const float*, float*);\n";
+        assert!(matches!(
+            entry_presence(template, "reduce<float, 256>"),
+            EntryPresence::Unseen(_)
+        ));
+        assert_eq!(
+            entry_presence(template, "reduce2<float>"),
+            EntryPresence::Absent
+        );
+        let plain = "extern \"C\" __global__ void k(float* y) {}\n#define TWICE(x) (2 * (x))\n";
+        assert_eq!(entry_presence(plain, "k"), EntryPresence::Defined);
+        assert_eq!(entry_presence(plain, "k_f64"), EntryPresence::Absent);
     }
 }

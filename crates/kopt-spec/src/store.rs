@@ -300,7 +300,7 @@ fn resolve_entry(
                 .map_err(|m| corrupt(format!("region: {m}")))
         })
         .transpose()?;
-    if !source::defines_entry(&src, &variant.entry) {
+    if !source::may_define_entry(&src, &variant.entry) {
         return Err(corrupt(format!(
             "{} defines no `__global__` function `{}`",
             files::SOURCE_FILE,

@@ -181,7 +181,7 @@ impl PendingVariant {
                 ));
             }
         }
-        if !source::defines_entry(&self.source, &v.entry) {
+        if !source::may_define_entry(&self.source, &v.entry) {
             return bad(format!(
                 "{} defines no `__global__` function `{}`",
                 files::SOURCE_FILE,

@@ -311,24 +311,35 @@ impl CudaBackend {
             self.info.compute_capability.0 as i32,
             self.info.compute_capability.1 as i32,
         );
+        let given_symbol = || v.symbol.clone().unwrap_or_else(|| v.entry.clone());
         let compiled = match (v.cubin_bytes(), &v.ptx) {
-            (Some(cubin), _) => cubin.map(cudarc::nvrtc::Ptx::from_binary),
-            (None, Some(ptx)) => Ok(cudarc::nvrtc::Ptx::from_src(ptx.clone())),
+            (Some(cubin), _) => cubin.map(|c| (cudarc::nvrtc::Ptx::from_binary(c), given_symbol())),
+            (None, Some(ptx)) => Ok((cudarc::nvrtc::Ptx::from_src(ptx.clone()), given_symbol())),
             (None, None) => {
-                kopt::compile_ptx("candidate", &v.id, &v.source, &opts, cc).map_err(|e| match e {
-                    kopt::Error::Compile { log, .. } => log,
-                    other => other.to_string(),
-                })
+                kopt::compile_module("candidate", &v.id, &v.source, &opts, cc, Some(&v.entry))
+                    .map(|m| {
+                        let symbol = m.entry.unwrap_or_else(|| v.entry.clone());
+                        (m.ptx, symbol)
+                    })
+                    .map_err(|e| match e {
+                        kopt::Error::Compile { log, .. } => log,
+                        other => other.to_string(),
+                    })
             }
         };
-        let result = compiled.and_then(|ptx| {
+        let result = compiled.and_then(|(ptx, symbol)| {
             let module = self
                 .ctx
                 .load_module(ptx)
                 .map_err(|e| format!("module load: {e:?}"))?;
             let f = module
-                .load_function(&v.entry)
-                .map_err(|e| format!("no function `{}` in the module: {e:?}", v.entry))?;
+                .load_function(&symbol)
+                .map_err(|e| {
+                    format!(
+                        "the compiled module has no kernel `{}` ({e:?}): the source neither defines it nor generates it through a macro or template",
+                        v.entry
+                    )
+                })?;
             let optin = self.info.max_shared_per_block_optin as i32;
             let attrs = FunctionAttributes {
                 registers: f.num_regs().unwrap_or(0) as u32,
