@@ -297,3 +297,39 @@ fn the_readme_commands_pass_on_this_repository() {
         assert!(o.status.success(), "cargo kopt {cmd}: {}", text(&o));
     }
 }
+
+#[test]
+fn a_committed_variant_that_no_longer_compiles_fails_check() {
+    // The compile fence, on the CPU: hashes intact (as after an accept made with another
+    // NVRTC), but the variant's source no longer compiles.
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    let ws = ExampleWorkspace::new();
+    let variant = "heuristic-row_sum-r1c1-m11";
+    let src = format!("kopt/row_sum/{variant}/kernel.cu");
+    let old = ws.read(&src);
+    let new = format!("{old}\n__device__ int kopt_check_broken = undeclared_in_this_file;\n");
+    ws.write(&src, &new);
+    let lock = "kopt/row_sum/kopt.lock";
+    ws.write(
+        lock,
+        &ws.read(lock).replace(
+            &kopt_spec::source::hash(old.as_bytes()),
+            &kopt_spec::source::hash(new.as_bytes()),
+        ),
+    );
+    let o = kopt(&ws, &["check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(&format!("`{variant}` does not compile for sm_90")),
+        "{out}"
+    );
+    assert!(out.contains("undeclared_in_this_file"), "{out}");
+    assert!(out.contains("compiled with NVRTC"), "{out}");
+    assert!(
+        !out.contains("is corrupt"),
+        "the hashes match: only the compile fails\n{out}"
+    );
+}

@@ -33,6 +33,21 @@ pub fn missing() -> Option<String> {
     None
 }
 
+/// For tests that compile CUDA on the CPU: `true` when NVRTC can be loaded. Without it,
+/// the test is skipped with a message, unless `KOPT_REQUIRE_NVRTC` is set (as
+/// `scripts/with-cuda-wheels` and CI do), in which case this panics.
+pub fn nvrtc_for_test() -> bool {
+    if nvrtc_present() {
+        return true;
+    }
+    let why = "NVRTC (libnvrtc.so) could not be loaded (scripts/cuda-wheels.sh installs it)";
+    if std::env::var_os("KOPT_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+        panic!("KOPT_REQUIRE_NVRTC is set, but {why}");
+    }
+    eprintln!("skipped: {why}");
+    false
+}
+
 /// For GPU tests (marked `#[ignore = "needs a CUDA GPU"]`): `true` when a GPU can be
 /// used. Without one, the test is skipped with a message, unless `KOPT_REQUIRE_GPU` is
 /// set, in which case this panics: a run that asked for the GPU must not pass quietly.
