@@ -187,6 +187,9 @@ pub struct VerifyOutcome {
     pub cached: bool,
     pub verdict: Option<Verdict>,
     pub sanitizer: Vec<SanitizerResult>,
+    /// The shapes the sanitizer ran on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sanitizer_shapes: Vec<String>,
     /// Why it was not verified here (another architecture).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
@@ -205,6 +208,7 @@ impl VerifyOutcome {
             cached: false,
             verdict: None,
             sanitizer: vec![],
+            sanitizer_shapes: vec![],
             skipped: None,
             gpu: None,
         }
@@ -305,18 +309,14 @@ pub fn verify(
             o.cached = ev.cached;
             if verdict.accepted && settings.sanitize && !slot.engine.worker.command().is_fake() {
                 let scratch = kopt_dir(g).join("sanitizer").join(&k.spec.name);
-                for tool in ["memcheck", "racecheck"] {
-                    (slot.progress)(&format!(
-                        "{}/{variant}: compute-sanitizer {tool}",
-                        k.spec.name
-                    ));
-                    o.sanitizer.push(sanitizer::run(
-                        slot.engine.worker.command(),
-                        &job,
-                        tool,
-                        &scratch,
-                    ));
-                }
+                (slot.progress)(&format!(
+                    "{}/{variant}: compute-sanitizer ({})",
+                    k.spec.name,
+                    sanitizer::TOOLS.join(", ")
+                ));
+                let run = sanitizer::sanitize(slot.engine.worker.command(), &job, &scratch);
+                o.sanitizer = run.results.clone();
+                o.sanitizer_shapes = run.shapes.clone();
             }
             o.verdict = Some(verdict);
             Ok::<_, String>(o)

@@ -228,6 +228,10 @@ enum Command {
         /// Profile the reference without Nsight Compute (engine figures and the source).
         #[arg(long)]
         no_ncu: bool,
+        /// Let a candidate become the best without compute-sanitizer's memcheck, racecheck,
+        /// initcheck and synccheck (its evidence then says they were not run).
+        #[arg(long)]
+        no_sanitize: bool,
         /// Start from the reference even where a variant is accepted for the GPU's
         /// architecture (by default the loop starts from that variant, verified again, and
         /// a candidate must beat it).
@@ -806,6 +810,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             context_tokens,
             run,
             no_ncu,
+            no_sanitize,
             from_reference,
             win,
             devices,
@@ -821,7 +826,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 budget: parse_budget(budget.as_deref())?,
                 hint,
                 context_tokens,
-                settings: args.settings(),
+                settings: eval::Settings {
+                    sanitize: !no_sanitize,
+                    ..args.settings()
+                },
                 run_id: run,
                 ncu: kopt_profile::collect::NcuChoice {
                     explicit: None,

@@ -57,8 +57,21 @@ impl Evaluate for LoopEvaluator<'_> {
         let ev = self.engine.evaluate(&job, &mut |_| {});
         let mut judge = self.judge.clone();
         judge.best_us = best_us.cloned();
+        let mut verdict = judge.judge(&ev.report);
+        // A candidate that passed every other fence would become the best: compute-sanitizer
+        // first, so that no winner skips it (out-of-bounds writes that corrupt nothing
+        // visible, races the numerics miss).
+        if verdict.accepted && self.settings.sanitize {
+            let scratch = eval::kopt_dir(self.g)
+                .join("sanitizer")
+                .join(&self.k.spec.name)
+                .join(&candidate.id);
+            let run =
+                kopt_engine::sanitizer::sanitize(self.engine.worker.command(), &job, &scratch);
+            kopt_engine::sanitizer::apply(&mut verdict, run);
+        }
         self.last_job = Some(job);
-        judge.judge(&ev.report)
+        verdict
     }
 }
 
@@ -982,6 +995,46 @@ fn starting_point(
 
 /// The pending variant of a verified winner, its rationale built (and checked) from the
 /// evidence: refuses a winner whose evidence does not support it.
+/// The sanitizer pass of a winner as evidence fences (`sanitizer:memcheck`, ...): passed
+/// when the tool ran clean or could not run, the detail saying which; a winner without a
+/// pass (a caller that ran none) says so in one fence rather than claiming a clean run.
+fn sanitizer_fences(verdict: &Verdict) -> Vec<PendingFence> {
+    match &verdict.sanitizer {
+        None => vec![PendingFence {
+            name: "sanitizer".into(),
+            passed: true,
+            detail: "not run (--no-sanitize)".into(),
+        }],
+        Some(run) => run
+            .results
+            .iter()
+            .map(|r| PendingFence {
+                name: format!("sanitizer:{}", r.tool()),
+                passed: !r.is_error(),
+                detail: format!(
+                    "{} on {} ({:.1} s for the pass)",
+                    r.describe(),
+                    run.shapes.join(", "),
+                    run.seconds
+                ),
+            })
+            .collect(),
+    }
+}
+
+/// The sanitizer pass in one sentence for the rationale.
+fn sanitizer_sentence(verdict: &Verdict) -> String {
+    match &verdict.sanitizer {
+        None => "compute-sanitizer was not run (--no-sanitize)".into(),
+        Some(run) => format!(
+            "compute-sanitizer on {} ({}; {:.1} s)",
+            run.shapes.join(", "),
+            run.describe(),
+            run.seconds
+        ),
+    }
+}
+
 pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
     let Winner {
         k,
@@ -1097,9 +1150,10 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
             .collect(),
         verification: NumericEvidence {
             method: format!(
-                "kopt's evaluation engine: {fences_passed}; {} declared and {} held-out shapes.",
+                "kopt's evaluation engine: {fences_passed}; {} declared and {} held-out shapes; {}.",
                 job.shapes.iter().filter(|s| !s.held_out).count(),
-                job.shapes.iter().filter(|s| s.held_out).count()
+                job.shapes.iter().filter(|s| s.held_out).count(),
+                sanitizer_sentence(verdict)
             ),
             outputs: k
                 .spec
@@ -1186,6 +1240,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
                 passed: true,
                 detail: "passed".into(),
             })
+            .chain(sanitizer_fences(verdict))
             .collect(),
         },
     };

@@ -203,22 +203,21 @@ pub fn verify(v: &Verified) {
                 o.shape, o.measured_us, o.expected_us
             );
         }
-        for s in &o.sanitizer {
+        if !o.sanitizer_shapes.is_empty() {
             let _ = writeln!(
                 out,
-                "  compute-sanitizer: {}",
-                match s {
-                    kopt_engine::sanitizer::SanitizerResult::Clean { tool } =>
-                        format!("{tool}: clean"),
-                    kopt_engine::sanitizer::SanitizerResult::Errors {
-                        tool,
-                        count,
-                        excerpt,
-                    } => format!("{tool}: {count} error(s)\n{excerpt}"),
-                    kopt_engine::sanitizer::SanitizerResult::Skipped { tool, reason } =>
-                        format!("{tool}: skipped ({reason})"),
-                }
+                "  compute-sanitizer on {}:",
+                o.sanitizer_shapes.join(", ")
             );
+        }
+        for s in &o.sanitizer {
+            let excerpt = match s {
+                kopt_engine::sanitizer::SanitizerResult::Errors { excerpt, .. } => {
+                    format!("\n{excerpt}")
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(out, "  compute-sanitizer: {}{excerpt}", s.describe());
         }
         let _ = writeln!(out);
     }

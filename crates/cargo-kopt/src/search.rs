@@ -375,7 +375,22 @@ impl<'a> EngineEvaluator<'a> {
             max_bytes,
         ));
         let ev = self.engine.evaluate(&job, progress);
-        (self.judge.judge(&ev.report), job)
+        let mut verdict = self.judge.judge(&ev.report);
+        // What may become a pending winner goes through compute-sanitizer, as the loop's do.
+        if verdict.accepted && self.settings.sanitize {
+            progress(&format!(
+                "compute-sanitizer ({})",
+                kopt_engine::sanitizer::TOOLS.join(", ")
+            ));
+            let scratch = kopt_dir(self.g)
+                .join("sanitizer")
+                .join(&self.k.spec.name)
+                .join(&job.candidate.id);
+            let run =
+                kopt_engine::sanitizer::sanitize(self.engine.worker.command(), &job, &scratch);
+            kopt_engine::sanitizer::apply(&mut verdict, run);
+        }
+        (verdict, job)
     }
 }
 

@@ -1256,6 +1256,7 @@ mod tests {
             notes: vec![],
             compile_log: String::new(),
             seeds: vec![],
+            sanitizer: None,
         }
     }
 

@@ -115,10 +115,14 @@ pub struct Verdict {
     /// Seeds of every input set the checks drew.
     #[serde(default)]
     pub seeds: Vec<u64>,
+    /// compute-sanitizer's pass over the candidate, where one ran (winners of the loop,
+    /// `verify`): its errors are among `failures` too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sanitizer: Option<crate::sanitizer::SanitizerRun>,
 }
 
 impl Verdict {
-    fn rejected(fence: Fence, message: String) -> Self {
+    pub(crate) fn rejected(fence: Fence, message: String) -> Self {
         Verdict {
             accepted: false,
             failures: vec![Failure {
@@ -133,6 +137,7 @@ impl Verdict {
             notes: vec![],
             compile_log: String::new(),
             seeds: vec![],
+            sanitizer: None,
         }
     }
 
