@@ -5,7 +5,9 @@
 //! rules (and pre-compiled PTX); the shapes; the seeds and timing policy (the input
 //! policy); and the device's identity and driver. Entries are JSON files named by the
 //! key. The key's version changes when the same seeds would draw other inputs (v2:
-//! buffers drawn in chunks).
+//! buffers drawn in chunks) or the same outputs would be judged otherwise (v3: each
+//! element's error against its row's scale, not only its own value, so that a report
+//! cached under the element-wise rule does not keep rejecting a correct kernel).
 
 use std::path::{Path, PathBuf};
 
@@ -27,7 +29,7 @@ pub fn hash_parts(parts: &[&str]) -> String {
 /// The cache key of a job on a device.
 pub fn key(job: &EvalJob, device: &DeviceInfo) -> String {
     let json = serde_json::to_string(job).expect("jobs serialise");
-    hash_parts(&["kopt-eval-v2", &json, &device.identity()])
+    hash_parts(&["kopt-eval-v3", &json, &device.identity()])
 }
 
 #[derive(Debug, Clone)]

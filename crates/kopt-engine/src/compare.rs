@@ -1,11 +1,273 @@
-//! The numeric fence's comparison: element-wise, combined tolerance, NaN and Inf never
-//! pass, and a failure is localised (first bad index, its coordinates, both values, the
-//! neighbourhood, and how many elements fail).
+//! The numeric fence's comparison: each element's error is judged against the scale of
+//! the output around it (the RMS of the reference's row, or of the whole buffer when its
+//! length is not a product) and against an estimate of the computation's own rounding
+//! noise; NaN and Inf never pass; a failure is localised (first bad index, its
+//! coordinates, both values, what it was allowed and why, the neighbourhood, and how many
+//! elements fail).
+//!
+//! Why not element-wise `atol + rtol * |want|` alone: where an affine shift or a
+//! subtraction cancels a value of order one down to near zero (a layer norm's bias, a
+//! residual), the rounding of the terms that cancelled is still there, of the order of the
+//! terms, not of the result. A correct fp32 layer norm that only reorders its reduction
+//! differs from a serial reference by about 1e-5 at such elements (1.1e-5 at outputs near
+//! 7e-4 was seen), more than `atol 1e-5 + rtol 1e-4 * |want|` allows there, in rows whose
+//! outputs are of order one. The row's RMS is the size of the terms that cancelled.
 
 use kopt_spec::spec::{DType, Tolerance};
 use serde::{Deserialize, Serialize};
 
 use crate::inputs::element;
+
+/// The factor of the rounding-noise floor: Higham and Mary's probabilistic bound for a
+/// reduction of `n` terms, `lambda * sqrt(n) * u`, holds with probability at least
+/// `1 - 2 exp(-lambda^2 / 2)`; 6 makes that one in thirty million per reduction.
+pub const NOISE_LAMBDA: f64 = 6.0;
+
+/// Which magnitude an element's relative tolerance multiplied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScaleOf {
+    /// The element's own reference value, `|want|`: it is at least its row's RMS.
+    Element,
+    /// The RMS of the reference's row (the last dimension of the declared shape).
+    Row,
+    /// The RMS of the reference's whole buffer (its length is not a product).
+    Buffer,
+}
+
+/// What one element was allowed, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Allowance {
+    /// `max(|want|, rms)`: what `rtol` multiplied.
+    #[serde(with = "crate::jsonf")]
+    pub scale: f64,
+    pub scale_of: ScaleOf,
+    /// The RMS of the reference's finite values in the element's row (or buffer).
+    #[serde(with = "crate::jsonf")]
+    pub rms: f64,
+    /// The reduction length the noise floor assumed: the row's length (1 for a flat buffer).
+    pub noise_len: u64,
+    /// `NOISE_LAMBDA * u_acc * sqrt(noise_len) * rms + 2 * u_out * |want|`.
+    #[serde(with = "crate::jsonf")]
+    pub noise_floor: f64,
+    /// `max(atol + rtol * scale, noise_floor)`: the largest `|got - want|` that passes.
+    #[serde(with = "crate::jsonf")]
+    pub allowed: f64,
+}
+
+impl Allowance {
+    /// Whether the noise floor, not the tolerance, set `allowed`.
+    pub fn noise_bound(&self, tol: Tolerance) -> bool {
+        self.noise_floor > tol.atol + tol.rtol * self.scale
+    }
+
+    /// `allowed 1.1e-4 (rtol 1e-4 x row rms 0.98 + atol 1e-5)`, or where the noise floor
+    /// is larger, `allowed 2.2e-5 (rounding noise of f32: 6 x 6.0e-8 x sqrt(4096) x row
+    /// rms 0.98 + 2 x 6.0e-8 x |want|; rtol 1e-7 x row rms 0.98 + atol 0 gives 9.8e-8)`.
+    pub fn explain(&self, tol: Tolerance, dtype: DType) -> String {
+        let scale = match self.scale_of {
+            ScaleOf::Element => format!("|want| {}", sig(self.scale)),
+            ScaleOf::Row => format!("row rms {}", sig(self.rms)),
+            ScaleOf::Buffer => format!("buffer rms {}", sig(self.rms)),
+        };
+        let tolerance = format!(
+            "rtol {} x {scale} + atol {}",
+            short(tol.rtol),
+            short(tol.atol)
+        );
+        if !self.noise_bound(tol) {
+            return format!("allowed {:.1e} ({tolerance})", self.allowed);
+        }
+        let (acc, out) = (accumulation_unit_roundoff(dtype), unit_roundoff(dtype));
+        let over = match self.scale_of {
+            ScaleOf::Buffer => "buffer",
+            _ => "row",
+        };
+        format!(
+            "allowed {:.1e} (rounding noise of {dtype}: {NOISE_LAMBDA} x {acc:.1e} x sqrt({}) x {over} rms {} + 2 x {out:.1e} x |want|; {tolerance} gives {:.1e})",
+            self.allowed,
+            self.noise_len,
+            sig(self.rms),
+            tol.atol + tol.rtol * self.scale,
+        )
+    }
+}
+
+/// The unit roundoff of values stored as `dtype` (half the distance from 1 to the next
+/// value); 0 for integers, which compare exactly.
+pub fn unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => f64::EPSILON / 2.0,
+        DType::F32 => f32::EPSILON as f64 / 2.0,
+        DType::F16 => half::f16::EPSILON.to_f64() / 2.0,
+        DType::Bf16 => half::bf16::EPSILON.to_f64() / 2.0,
+        _ => 0.0,
+    }
+}
+
+/// The unit roundoff of the arithmetic that produced an output of `dtype`: fp32 for fp32,
+/// fp16 and bf16 outputs (half-precision kernels accumulate in fp32, and a floor from
+/// fp16's own roundoff would pass the fp16 accumulation the fence exists to reject), fp64
+/// for fp64; 0 for integers.
+pub fn accumulation_unit_roundoff(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => f64::EPSILON / 2.0,
+        DType::F32 | DType::F16 | DType::Bf16 => f32::EPSILON as f64 / 2.0,
+        _ => 0.0,
+    }
+}
+
+/// The rule for one output buffer: its tolerance, its dtype, and how its elements are
+/// grouped into rows for the scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rule {
+    pub tolerance: Tolerance,
+    pub dtype: DType,
+    /// Elements that share one RMS: the last dimension of the declared shape, or the
+    /// whole buffer.
+    pub row_len: usize,
+    /// Whether the rows are declared (a product length) or the buffer is one flat group.
+    pub declared_rows: bool,
+}
+
+impl Rule {
+    /// The rule for a buffer of `elements` whose declared shape is `dims` (see
+    /// [`crate::job::buffer_dims`]): rows of the last dimension when the length is a
+    /// product whose last factor divides it, else the whole buffer.
+    pub fn new(
+        dtype: DType,
+        tolerance: Tolerance,
+        elements: usize,
+        dims: Option<&[(String, u64)]>,
+    ) -> Rule {
+        let row = dims
+            .and_then(|d| d.last())
+            .map(|(_, len)| *len as usize)
+            .filter(|len| *len > 0 && elements.is_multiple_of(*len));
+        Rule {
+            tolerance,
+            dtype,
+            row_len: row.unwrap_or(elements).max(1),
+            declared_rows: row.is_some(),
+        }
+    }
+
+    /// The allowance of an element whose reference value is `want`, in a row of RMS `rms`.
+    pub fn allowance(&self, want: f64, rms: f64) -> Allowance {
+        self.row(rms).allowance(want)
+    }
+
+    /// The parts of the rule shared by a row of RMS `rms`.
+    pub fn row(&self, rms: f64) -> RowRule {
+        // A flat buffer declares no reduction: the floor assumes none rather than one over
+        // the whole buffer, which would loosen a 67M-element output by a factor of 8192.
+        let noise_len = if self.declared_rows { self.row_len } else { 1 };
+        RowRule {
+            rule: *self,
+            rms,
+            noise_len: noise_len as u64,
+            noise_of_row: NOISE_LAMBDA
+                * accumulation_unit_roundoff(self.dtype)
+                * (noise_len as f64).sqrt()
+                * rms,
+            two_u_out: 2.0 * unit_roundoff(self.dtype),
+        }
+    }
+}
+
+/// [`Rule`] within one row: what its elements share.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowRule {
+    rule: Rule,
+    rms: f64,
+    noise_len: u64,
+    /// `NOISE_LAMBDA * u_acc * sqrt(noise_len) * rms`.
+    noise_of_row: f64,
+    two_u_out: f64,
+}
+
+impl RowRule {
+    /// `max(atol + rtol * max(|want|, rms), noise_of_row + 2 u_out |want|)`: the largest
+    /// `|got - want|` that passes.
+    #[inline]
+    pub fn allowed(&self, want: f64) -> f64 {
+        let t = self.rule.tolerance;
+        let w = want.abs();
+        (t.atol + t.rtol * w.max(self.rms)).max(self.noise_of_row + self.two_u_out * w)
+    }
+
+    /// [`Self::allowed`] with its reasons.
+    pub fn allowance(&self, want: f64) -> Allowance {
+        let w = want.abs();
+        let (scale, scale_of) = if w >= self.rms {
+            (w, ScaleOf::Element)
+        } else if self.rule.declared_rows {
+            (self.rms, ScaleOf::Row)
+        } else {
+            (self.rms, ScaleOf::Buffer)
+        };
+        Allowance {
+            scale,
+            scale_of,
+            rms: self.rms,
+            noise_len: self.noise_len,
+            noise_floor: self.noise_of_row + self.two_u_out * w,
+            allowed: self.allowed(want),
+        }
+    }
+}
+
+/// Whether `got` passes against `want` with `allowed`: both finite and
+/// `|got - want| <= allowed`. NaN and Inf never pass (a reference that is itself
+/// non-finite fails every candidate, which the caller treats as a reference problem).
+pub fn close(got: f64, want: f64, allowed: f64) -> bool {
+    got.is_finite() && want.is_finite() && (got - want).abs() <= allowed
+}
+
+/// Elements decoded at a time: rows of any length (a flat buffer is one row) are read in
+/// pieces of this many, so the comparison never holds more than two such pieces.
+const PIECE: usize = 4096;
+
+/// Elements `range` of a device-layout buffer, as `f64`, into `out`.
+fn decode(dtype: DType, bytes: &[u8], range: std::ops::Range<usize>, out: &mut Vec<f64>) {
+    let size = dtype.size();
+    out.clear();
+    let raw = bytes[range.start * size..range.end * size].chunks_exact(size);
+    macro_rules! each {
+        ($conv:expr) => {
+            out.extend(raw.map(|b| $conv(b.try_into().unwrap())))
+        };
+    }
+    match dtype {
+        DType::F32 => each!(|b| f32::from_le_bytes(b) as f64),
+        DType::F64 => each!(f64::from_le_bytes),
+        DType::F16 => each!(|b| half::f16::from_le_bytes(b).to_f64()),
+        DType::Bf16 => each!(|b| half::bf16::from_le_bytes(b).to_f64()),
+        _ => out.extend((range.start..range.end).map(|i| element(dtype, bytes, i))),
+    }
+}
+
+/// The RMS of the finite values among `want`'s elements `range`.
+fn row_rms(
+    dtype: DType,
+    want: &[u8],
+    range: std::ops::Range<usize>,
+    scratch: &mut Vec<f64>,
+) -> f64 {
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    for start in range.clone().step_by(PIECE) {
+        decode(dtype, want, start..(start + PIECE).min(range.end), scratch);
+        for &w in scratch.iter().filter(|w| w.is_finite()) {
+            sum += w * w;
+            count += 1;
+        }
+    }
+    if count == 0 {
+        0.0
+    } else {
+        (sum / count as f64).sqrt()
+    }
+}
 
 /// The first failing element, located.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,6 +284,23 @@ pub struct BadElement {
     /// A few elements around it: (index, got, want).
     #[serde(with = "crate::jsonf::triples")]
     pub neighbourhood: Vec<(u64, f64, f64)>,
+    /// What it was allowed (absent in reports written before the rule stated it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowance: Option<Allowance>,
+}
+
+/// The element with the largest `|got - want| / allowed` (where every element passes, the
+/// one that came closest to failing), located.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Worst {
+    pub index: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub coords: Vec<(String, u64)>,
+    #[serde(with = "crate::jsonf")]
+    pub got: f64,
+    #[serde(with = "crate::jsonf")]
+    pub want: f64,
+    pub allowance: Allowance,
 }
 
 /// One output buffer compared with the reference's.
@@ -38,8 +317,31 @@ pub struct OutputComparison {
     pub max_abs_error: f64,
     #[serde(with = "crate::jsonf")]
     pub max_rel_error: f64,
+    /// The largest `|got - want| / allowed` over the elements where both are finite: at
+    /// most 1 when every element passes, so it says how close a pass came to failing.
+    /// (0 in reports written before the rule recorded it.)
+    #[serde(default, with = "crate::jsonf")]
+    pub max_error_ratio: f64,
+    /// Where that largest ratio is, with its allowance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst: Option<Worst>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_bad: Option<BadElement>,
+}
+
+fn coords_text(coords: &[(String, u64)]) -> String {
+    if coords.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({})",
+            coords
+                .iter()
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
 }
 
 impl OutputComparison {
@@ -47,13 +349,29 @@ impl OutputComparison {
         self.failing == 0
     }
 
-    /// One line: `y: 12 of 16777216 elements fail; first at 4097 (rows=1, cols=1): got 0, want 0.0012`.
+    /// One line. A failure: `y: 12 of 16777216 elements fail; first at index 4097 (rows=1,
+    /// cols=1): got 0.0007, want 0.00072, |diff| 2.0e-5 > allowed 1.1e-4 (rtol 1e-4 x row
+    /// rms 0.98 + atol 1e-5)`. A pass: `y: ok (max abs 1.1e-5, max rel 1.6e-2; largest
+    /// |diff|/allowed 0.11 at index 4097 (rows=1, cols=1): |diff| 1.1e-5 <= allowed 1.0e-4
+    /// (rtol 1e-4 x row rms 0.98 + atol 1e-5))`.
     pub fn describe(&self) -> String {
         if self.passed() {
-            return format!(
-                "{}: ok (max abs {:.2e}, max rel {:.2e})",
+            let mut s = format!(
+                "{}: ok (max abs {:.2e}, max rel {:.2e}",
                 self.buffer, self.max_abs_error, self.max_rel_error
             );
+            if let Some(c) = self.worst.as_ref().filter(|_| self.max_error_ratio > 0.0) {
+                s.push_str(&format!(
+                    "; largest |diff|/allowed {} at index {}{}: |diff| {:.1e} <= {}",
+                    sig(self.max_error_ratio),
+                    c.index,
+                    coords_text(&c.coords),
+                    (c.got - c.want).abs(),
+                    c.allowance.explain(self.tolerance, self.dtype)
+                ));
+            }
+            s.push(')');
+            return s;
         }
         let mut s = format!(
             "{}: {} of {} elements fail",
@@ -63,38 +381,59 @@ impl OutputComparison {
             s.push_str(&format!(" ({} NaN/Inf)", self.non_finite));
         }
         if let Some(b) = &self.first_bad {
-            let coords = if b.coords.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    " ({})",
-                    b.coords
-                        .iter()
-                        .map(|(n, v)| format!("{n}={v}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            };
             s.push_str(&format!(
-                "; first at index {}{coords}: got {}, want {}",
-                b.index, b.got, b.want
+                "; first at index {}{}: got {}, want {}",
+                b.index,
+                coords_text(&b.coords),
+                value(self.dtype, b.got),
+                value(self.dtype, b.want)
             ));
+            if !b.got.is_finite() || !b.want.is_finite() {
+                s.push_str(" (NaN and Inf never pass)");
+            } else if let Some(a) = &b.allowance {
+                s.push_str(&format!(
+                    ", |diff| {:.1e} > {}",
+                    (b.got - b.want).abs(),
+                    a.explain(self.tolerance, self.dtype)
+                ));
+            }
         }
         s
     }
 }
 
-/// Whether `got` is within tolerance of `want`: `|got - want| <= atol + rtol * |want|`,
-/// with NaN and Inf never passing (a reference that is itself non-finite matches only
-/// the identical bit pattern, which the caller treats as a reference problem).
-pub fn close(got: f64, want: f64, tol: Tolerance) -> bool {
-    if !got.is_finite() || !want.is_finite() {
-        return false;
-    }
-    (got - want).abs() <= tol.atol + tol.rtol * want.abs()
-}
-
-/// Compares two device-layout buffers of `dtype`.
+/// Compares two device-layout buffers of `dtype`: the numeric fence for one output.
+///
+/// The rule, exactly. Let `want` be the reference's buffer and `got` the candidate's,
+/// grouped into rows: the last dimension of the declared shape `dims` (a length
+/// `rows * cols` gives rows of `cols`), or, when the length is not a product, the whole
+/// buffer as one row (a flat length declares no structure; a window of invented size would
+/// split and join rows at arbitrary points, and a user who wants a row-local scale writes
+/// the length as a product). For each row, `rms` is the root mean square of the
+/// reference's finite values in it (never of the candidate's: a candidate cannot widen its
+/// own tolerance). Element `i` then passes when `got[i]` and `want[i]` are both finite and
+///
+/// ```text
+/// |got[i] - want[i]| <= max(atol + rtol * max(|want[i]|, rms),
+///                           NOISE_LAMBDA * u_acc * sqrt(n) * rms + 2 * u_out * |want[i]|)
+/// ```
+///
+/// where `atol` and `rtol` are `tol`'s, and the second term is an estimate (not a
+/// measurement) of the computation's own rounding noise: `n` is the row's length for
+/// declared rows (1 for a flat buffer, which declares no reduction), `u_acc` the unit
+/// roundoff of the arithmetic ([`accumulation_unit_roundoff`]: fp32's for fp32, fp16 and
+/// bf16 outputs, fp64's for fp64) and `u_out` that of the output type ([`unit_roundoff`]).
+/// A reduction of `n` terms reordered (a tree, warp shuffles, Welford, one-pass variance)
+/// differs from a serial one by up to about `NOISE_LAMBDA * sqrt(n) * u_acc` of the size of
+/// its terms, and two correct roundings to the output type by one unit in the last place.
+/// For fp32 with the default tolerance, the tolerance is the larger term in rows of up to
+/// about 78,000 elements; the floor matters where a tolerance is tighter than fp32's
+/// reduction noise. Integers (rtol and atol 0, no floor) compare exactly.
+///
+/// At an element at least as large as its row's RMS this is the element-wise rule
+/// `atol + rtol * |want|`; below, the scale stays the row's, so a value that cancelled to
+/// near zero is judged against the size of what cancelled, while an all-small buffer is
+/// still judged against its own small scale.
 pub fn compare(
     buffer: &str,
     dtype: DType,
@@ -103,62 +442,127 @@ pub fn compare(
     want: &[u8],
     dims: Option<&[(String, u64)]>,
 ) -> OutputComparison {
-    let n = (want.len() / dtype.size()) as u64;
+    let n = want.len() / dtype.size();
     let mut c = OutputComparison {
         buffer: buffer.to_string(),
         dtype,
-        elements: n,
+        elements: n as u64,
         tolerance: tol,
         failing: 0,
         non_finite: 0,
         max_abs_error: 0.0,
         max_rel_error: 0.0,
+        max_error_ratio: 0.0,
+        worst: None,
         first_bad: None,
     };
     if got.len() != want.len() {
-        c.failing = n;
+        c.failing = n as u64;
         return c;
     }
-    for i in 0..n as usize {
-        let (g, w) = (element(dtype, got, i), element(dtype, want, i));
-        if close(g, w, tol) {
-            let abs = (g - w).abs();
-            c.max_abs_error = c.max_abs_error.max(abs);
-            if w != 0.0 {
-                c.max_rel_error = c.max_rel_error.max(abs / w.abs());
+    let rule = Rule::new(dtype, tol, n, dims);
+    let locate = |i: usize| {
+        dims.map(|d| crate::job::coordinates(i as u64, d))
+            .unwrap_or_default()
+    };
+    let mut worst: Option<(usize, f64, f64, Allowance)> = None;
+    let (mut gs, mut ws) = (Vec::with_capacity(PIECE), Vec::with_capacity(PIECE));
+    for row_start in (0..n).step_by(rule.row_len) {
+        let row_end = (row_start + rule.row_len).min(n);
+        let row = rule.row(row_rms(dtype, want, row_start..row_end, &mut ws));
+        for start in (row_start..row_end).step_by(PIECE) {
+            let end = (start + PIECE).min(row_end);
+            decode(dtype, got, start..end, &mut gs);
+            decode(dtype, want, start..end, &mut ws);
+            for (k, (&g, &w)) in gs.iter().zip(&ws).enumerate() {
+                let i = start + k;
+                let allowed = row.allowed(w);
+                let finite = g.is_finite() && w.is_finite();
+                let abs = (g - w).abs();
+                if finite {
+                    c.max_abs_error = c.max_abs_error.max(abs);
+                    if w != 0.0 {
+                        c.max_rel_error = c.max_rel_error.max(abs / w.abs());
+                    }
+                    let ratio = if abs == 0.0 {
+                        0.0
+                    } else if allowed > 0.0 {
+                        abs / allowed
+                    } else {
+                        f64::INFINITY
+                    };
+                    if ratio > c.max_error_ratio || worst.is_none() {
+                        c.max_error_ratio = c.max_error_ratio.max(ratio);
+                        worst = Some((i, g, w, row.allowance(w)));
+                    }
+                    if abs <= allowed {
+                        continue;
+                    }
+                }
+                c.failing += 1;
+                if !g.is_finite() && w.is_finite() {
+                    c.non_finite += 1;
+                }
+                if !finite {
+                    c.max_abs_error = f64::INFINITY;
+                }
+                if c.first_bad.is_none() {
+                    let lo = i.saturating_sub(2);
+                    let hi = (i + 3).min(n);
+                    c.first_bad = Some(BadElement {
+                        index: i as u64,
+                        coords: locate(i),
+                        got: g,
+                        want: w,
+                        neighbourhood: (lo..hi)
+                            .map(|j| (j as u64, element(dtype, got, j), element(dtype, want, j)))
+                            .collect(),
+                        allowance: Some(row.allowance(w)),
+                    });
+                }
             }
-            continue;
-        }
-        c.failing += 1;
-        if !g.is_finite() && w.is_finite() {
-            c.non_finite += 1;
-        }
-        if g.is_finite() && w.is_finite() {
-            let abs = (g - w).abs();
-            c.max_abs_error = c.max_abs_error.max(abs);
-            if w != 0.0 {
-                c.max_rel_error = c.max_rel_error.max(abs / w.abs());
-            }
-        } else {
-            c.max_abs_error = f64::INFINITY;
-        }
-        if c.first_bad.is_none() {
-            let lo = i.saturating_sub(2);
-            let hi = (i + 3).min(n as usize);
-            c.first_bad = Some(BadElement {
-                index: i as u64,
-                coords: dims
-                    .map(|d| crate::job::coordinates(i as u64, d))
-                    .unwrap_or_default(),
-                got: g,
-                want: w,
-                neighbourhood: (lo..hi)
-                    .map(|j| (j as u64, element(dtype, got, j), element(dtype, want, j)))
-                    .collect(),
-            });
         }
     }
+    c.worst = worst.map(|(i, got, want, allowance)| Worst {
+        index: i as u64,
+        coords: locate(i),
+        got,
+        want,
+        allowance,
+    });
     c
+}
+
+/// A value of the buffer as its dtype writes it shortest (`0.0017`, not the `f64` widening
+/// of an `f32`, `0.0017000000225380063`).
+fn value(dtype: DType, x: f64) -> String {
+    match dtype {
+        DType::F32 | DType::F16 | DType::Bf16 => format!("{}", x as f32),
+        _ => format!("{x}"),
+    }
+}
+
+/// Two significant digits, plainly where that reads well: `0.98`, `1.5`, `64`, `7.2e-4`.
+fn sig(x: f64) -> String {
+    let a = x.abs();
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    if (1e-2..1e4).contains(&a) {
+        let decimals = (1 - a.log10().floor() as i32).max(0) as usize;
+        format!("{x:.decimals$}")
+    } else {
+        format!("{x:.1e}")
+    }
+}
+
+/// A tolerance as it would be written: `1e-4`, `2.5e-3`, `0`.
+fn short(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else {
+        format!("{x:e}")
+    }
 }
 
 #[cfg(test)]
@@ -174,16 +578,20 @@ mod tests {
         atol: 1e-5,
     };
 
+    /// An element judged alone (a row of one, its RMS its own magnitude): the tolerance
+    /// is the element-wise `atol + rtol * |want|`.
+    fn alone(got: f64, want: f64) -> bool {
+        let rule = Rule::new(DType::F32, TOL, 1, None);
+        close(got, want, rule.allowance(want, want.abs()).allowed)
+    }
+
     #[test]
     fn tolerance_is_combined() {
-        assert!(close(1.0 + 5e-5, 1.0, TOL));
-        assert!(!close(1.0 + 2e-4, 1.0, TOL));
-        assert!(close(5e-6, 0.0, TOL), "atol covers values near zero");
-        assert!(!close(f64::NAN, f64::NAN, TOL), "NaN never passes");
-        assert!(
-            !close(f64::INFINITY, f64::INFINITY, TOL),
-            "Inf never passes"
-        );
+        assert!(alone(1.0 + 5e-5, 1.0));
+        assert!(!alone(1.0 + 2e-4, 1.0));
+        assert!(alone(5e-6, 0.0), "atol covers values near zero");
+        assert!(!alone(f64::NAN, f64::NAN), "NaN never passes");
+        assert!(!alone(f64::INFINITY, f64::INFINITY), "Inf never passes");
     }
 
     #[test]
@@ -201,6 +609,103 @@ mod tests {
         assert_eq!(b.coords, vec![("rows".into(), 1), ("cols".into(), 3)]);
         assert_eq!(b.neighbourhood.len(), 5);
         assert!(c.describe().contains("2 of 12 elements fail (1 NaN/Inf); first at index 7 (rows=1, cols=3): got 99, want 7"), "{}", c.describe());
+    }
+
+    #[test]
+    fn verdicts_state_the_scale_next_to_the_difference() {
+        // Two rows of order one; in row 1 an output that cancelled to 7e-4.
+        let dims = vec![("rows".to_string(), 2u64), ("cols".to_string(), 4u64)];
+        let want = [1.0, -1.0, 1.0, -1.0, 0.98, -0.98, 7e-4, 0.98];
+        let case = |what: &str, got: &[f32], tol: Tolerance, dims: Option<&[(String, u64)]>| {
+            let c = compare("y", DType::F32, tol, &f32s(got), &f32s(&want), dims);
+            format!("{what}:\n{}\n", c.describe())
+        };
+        let mut near_zero_off = want;
+        near_zero_off[6] += 1.1e-5;
+        let mut near_zero_wrong = want;
+        near_zero_wrong[6] += 1e-3;
+        let mut large_wrong = want;
+        large_wrong[0] += 1e-3;
+        let mut nan = want;
+        nan[3] = f32::NAN;
+        let tight = Tolerance {
+            rtol: 1e-9,
+            atol: 0.0,
+        };
+        let text = [
+            case(
+                "near zero, off by rounding: passes on the row's scale",
+                &near_zero_off,
+                TOL,
+                Some(&dims),
+            ),
+            case("near zero, wrong", &near_zero_wrong, TOL, Some(&dims)),
+            case(
+                "at or above the row's RMS: its own value",
+                &large_wrong,
+                TOL,
+                Some(&dims),
+            ),
+            case(
+                "a flat buffer: the buffer's RMS",
+                &near_zero_wrong,
+                TOL,
+                None,
+            ),
+            case(
+                "a tolerance below fp32's rounding: the noise floor",
+                &near_zero_wrong,
+                tight,
+                Some(&dims),
+            ),
+            case("NaN", &nan, TOL, Some(&dims)),
+            case("identical", &want, TOL, Some(&dims)),
+        ]
+        .concat();
+        insta::assert_snapshot!("describe", text);
+    }
+
+    #[test]
+    fn rows_come_from_the_last_dimension_when_it_divides_the_length() {
+        let d = |cols: u64| vec![("rows".to_string(), 3u64), ("cols".to_string(), cols)];
+        let r = Rule::new(DType::F32, TOL, 12, Some(&d(4)));
+        assert_eq!((r.row_len, r.declared_rows), (4, true));
+        // A shape that does not describe the buffer: one group, as for a flat length.
+        let r = Rule::new(DType::F32, TOL, 12, Some(&d(5)));
+        assert_eq!((r.row_len, r.declared_rows), (12, false));
+        let r = Rule::new(DType::F32, TOL, 12, None);
+        assert_eq!((r.row_len, r.declared_rows), (12, false));
+        assert_eq!(r.allowance(0.1, 1.0).noise_len, 1);
+    }
+
+    #[test]
+    fn the_allowance_is_the_larger_of_the_tolerance_and_the_noise_floor() {
+        let rule = Rule::new(DType::F32, TOL, 4096, Some(&[("cols".into(), 4096)]));
+        // Below the row's RMS the row's scale; at or above it, the element's.
+        let a = rule.allowance(1e-3, 0.5);
+        assert_eq!((a.scale, a.scale_of), (0.5, ScaleOf::Row));
+        assert_eq!(a.allowed, 1e-5 + 1e-4 * 0.5);
+        let a = rule.allowance(-3.0, 0.5);
+        assert_eq!((a.scale, a.scale_of), (3.0, ScaleOf::Element));
+        // The floor: 6 x 2^-24 x sqrt(4096) x rms + 2 x 2^-24 x |want|.
+        let u = 2f64.powi(-24);
+        assert_eq!(a.noise_floor, 6.0 * u * 64.0 * 0.5 + 2.0 * u * 3.0);
+        assert!(!a.noise_bound(TOL));
+        let zero = Tolerance {
+            rtol: 0.0,
+            atol: 0.0,
+        };
+        let a =
+            Rule::new(DType::F32, zero, 4096, Some(&[("cols".into(), 4096)])).allowance(1.0, 1.0);
+        assert_eq!(a.allowed, a.noise_floor);
+        // fp16 outputs: the arithmetic's roundoff (fp32) for the reduction, fp16's for the
+        // output's own rounding.
+        let a =
+            Rule::new(DType::F16, zero, 4096, Some(&[("cols".into(), 4096)])).allowance(1.0, 1.0);
+        assert_eq!(a.noise_floor, 6.0 * u * 64.0 + 2.0 * 2f64.powi(-11));
+        // Integers: nothing.
+        let a = Rule::new(DType::I32, zero, 4, None).allowance(7.0, 7.0);
+        assert_eq!(a.allowed, 0.0);
     }
 
     #[test]

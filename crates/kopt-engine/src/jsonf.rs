@@ -59,3 +59,16 @@ pub mod triples {
             .collect()
     }
 }
+
+/// For `Option<f64>`: `None` as null (or absent, with `#[serde(default)]`).
+pub mod option {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        v.map(to_repr).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        Option::<Repr>::deserialize(d)?.map(from_repr).transpose()
+    }
+}

@@ -6,7 +6,8 @@
 //! - [`worker`]: the worker process (CUDA backend, and a fake device for tests);
 //! - [`parent`]: starting and watching workers (hang watchdog, restarts);
 //! - [`pool`]: one engine per selected GPU and the scheduler of independent work items;
-//! - [`inputs`], [`compare`]: seeded inputs, poison, element-wise comparison;
+//! - [`inputs`], [`compare`]: seeded inputs, poison, comparison (each element against its
+//!   row's scale and a rounding-noise floor);
 //! - [`stats`]: timing statistics, stopping rule, watchdog, outliers;
 //! - [`verdict`]: fences and figures from a report;
 //! - [`ceilings`], [`cache`], [`sanitizer`].

@@ -94,6 +94,15 @@ pub struct ShapeFigures {
     /// Largest errors over every check of this shape.
     pub max_abs_error: f64,
     pub max_rel_error: f64,
+    /// The largest `|got - want| / allowed` over every check and output of this shape
+    /// (see [`crate::compare::compare`]): at most 1 when they pass, so it says how close
+    /// a pass came to failing. Absent without checks, and in verdicts written before it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::jsonf::option"
+    )]
+    pub max_error_ratio: Option<f64>,
     /// Per output buffer: the largest absolute and relative errors over the checks.
     #[serde(default)]
     pub outputs: BTreeMap<String, (f64, f64)>,
@@ -299,6 +308,12 @@ impl Judge {
                 .flat_map(|c| &c.outputs)
                 .map(|o| o.max_rel_error)
                 .fold(0.0, f64::max);
+            let max_error_ratio = s
+                .checks
+                .iter()
+                .flat_map(|c| &c.outputs)
+                .map(|o| o.max_error_ratio)
+                .reduce(f64::max);
             let rt = s.reference.as_ref().and_then(|l| l.timing.as_ref());
             let ct = s.candidate.as_ref().and_then(|l| l.timing.as_ref());
             let bw = |t: f64| copy.map(|c| 100.0 * (s.bytes as f64 / (t * 1e-6) / 1e9) / c);
@@ -376,6 +391,7 @@ impl Judge {
                 occupancy_pct: cand.and_then(|c| c.occupancy).map(|o| o.percent()),
                 max_abs_error: max_abs,
                 max_rel_error: max_rel,
+                max_error_ratio,
                 outputs,
             });
         }

@@ -6,7 +6,12 @@
 //!
 //! Like [`kopt_store::features`] (whose comment stripping and one-line summary it reuses),
 //! it is lexical: tokens, braces and a few patterns, not a C++ parser. It follows the entry
-//! point and the `__device__` functions it calls (by name, templates included). Trip counts
+//! point and the `__device__` functions it calls (by name, templates included). An entry
+//! that is not written out but made by a function-like macro (`#define SOFTMAX_OP(T, NAME)
+//! extern "C" __global__ void NAME(...) {...}` then `SOFTMAX_OP(float, softmax_f32)`) is
+//! read from the invocation that makes it, expanded as the preprocessor would (parameters
+//! substituted, `##` pasted, nested macros rescanned); what the expansion holds reports the
+//! invocation's line, where that entry is instantiated. Trip counts
 //! come from a small integer evaluator over the shape's scalars, the version's defines,
 //! `#define`d integers, `const` locals, and the launch geometry (`blockDim.x`,
 //! `gridDim.x`; `threadIdx` and `blockIdx` taken as 0, so a count is the busiest thread's).
@@ -120,8 +125,9 @@ pub struct Structure {
     pub entry: String,
     /// The entry, then the functions it calls, in the order found.
     pub functions: Vec<String>,
-    /// The case library's one-line summary of the whole source
-    /// ([`kopt_store::features::structural_summary`]).
+    /// The case library's one-line summary ([`kopt_store::features::structural_summary`])
+    /// of the functions followed (the text of [`Structure::functions`]), not of the whole
+    /// translation unit, which may define other entries.
     pub summary: String,
     pub loops: Vec<Loop>,
     pub buffers: Vec<BufferUse>,
@@ -264,9 +270,10 @@ struct Tok {
 }
 
 const PUNCT3: [&str; 2] = ["<<=", ">>="];
-const PUNCT2: [&str; 19] = [
+/// `##` only occurs in macro bodies (directives are blanked from the code).
+const PUNCT2: [&str; 20] = [
     "==", "!=", "<=", ">=", "+=", "-=", "*=", "/=", "%=", "|=", "&=", "^=", "<<", ">>", "++", "--",
-    "->", "&&", "||",
+    "->", "&&", "||", "##",
 ];
 
 fn tokenize(code: &str) -> Vec<Tok> {
@@ -326,9 +333,29 @@ fn tokenize(code: &str) -> Vec<Tok> {
     toks
 }
 
-/// The source's lines with comments and preprocessor lines blanked, the `file:line` of
-/// each line (from the `#line` markers), and the `#define`s of one word.
-fn preprocess(source: &str) -> (String, Vec<String>, BTreeMap<String, String>) {
+/// A function-like macro, `#define NAME(params) body` with its continuation lines joined.
+#[derive(Debug, Clone)]
+struct Macro {
+    params: Vec<String>,
+    /// The last parameter is `...` (`__VA_ARGS__`).
+    variadic: bool,
+    body: Vec<Tok>,
+}
+
+/// The source as the tokenizer sees it.
+struct Prepared {
+    /// The source's lines with comments, string contents and preprocessor directives
+    /// (continuation lines included) blanked: as many lines as the source.
+    code: String,
+    /// The `file:line` of each line (from the `#line` markers).
+    at: Vec<String>,
+    /// The `#define`s of one word.
+    defines: BTreeMap<String, String>,
+    /// The function-like macros, by name.
+    macros: BTreeMap<String, Macro>,
+}
+
+fn preprocess(source: &str) -> Prepared {
     // Line numbers first, from the raw text (comment stripping blanks the file names).
     let mut at = Vec::new();
     let (mut file, mut line) = ("source".to_string(), 1usize);
@@ -353,25 +380,278 @@ fn preprocess(source: &str) -> (String, Vec<String>, BTreeMap<String, String>) {
         line += 1;
     }
     let code = kopt_store::features::strip_comments(source);
+    let lines: Vec<&str> = code.lines().collect();
     let mut out = String::with_capacity(code.len());
     let mut defines = BTreeMap::new();
-    for text in code.lines() {
-        if let Some(rest) = text.trim_start().strip_prefix('#') {
-            if let Some(d) = rest.trim_start().strip_prefix("define") {
-                let mut words = d.split_whitespace();
-                if let (Some(name), Some(value)) = (words.next(), words.next()) {
-                    if !name.contains('(') && words.next().is_none() {
-                        defines.insert(name.to_string(), value.to_string());
-                    }
+    let mut macros = BTreeMap::new();
+    let mut k = 0;
+    while k < lines.len() {
+        let Some(rest) = lines[k].trim_start().strip_prefix('#') else {
+            out.push_str(lines[k]);
+            out.push('\n');
+            k += 1;
+            continue;
+        };
+        // A directive and its continuation lines, joined; every line of it blanked.
+        let mut directive = String::new();
+        let mut part = rest;
+        loop {
+            out.push('\n');
+            k += 1;
+            match part.trim_end().strip_suffix('\\') {
+                Some(head) if k < lines.len() => {
+                    directive.push_str(head);
+                    directive.push(' ');
+                    part = lines[k];
+                }
+                _ => {
+                    directive.push_str(part.trim_end().trim_end_matches('\\'));
+                    break;
                 }
             }
-            out.push('\n');
+        }
+        define(&directive, &mut defines, &mut macros);
+    }
+    Prepared {
+        code: out,
+        at,
+        defines,
+        macros,
+    }
+}
+
+/// Records a `define` directive (the text after `#`): a one-word value, or a
+/// function-like macro.
+fn define(
+    directive: &str,
+    defines: &mut BTreeMap<String, String>,
+    macros: &mut BTreeMap<String, Macro>,
+) {
+    let Some(d) = directive.trim_start().strip_prefix("define") else {
+        return;
+    };
+    if !d.starts_with(char::is_whitespace) {
+        return;
+    }
+    let d = d.trim_start();
+    let end = d
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(d.len());
+    let (name, rest) = d.split_at(end);
+    if name.is_empty() {
+        return;
+    }
+    // `NAME(` with no space between: function-like.
+    if let Some(p) = rest.strip_prefix('(') {
+        let Some(close) = p.find(')') else {
+            return;
+        };
+        let mut params: Vec<String> = p[..close]
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        let variadic = params.last().is_some_and(|p| p == "...");
+        if variadic {
+            params.pop();
+        }
+        macros.insert(
+            name.to_string(),
+            Macro {
+                params,
+                variadic,
+                body: tokenize(&p[close + 1..]),
+            },
+        );
+        return;
+    }
+    let mut words = rest.split_whitespace();
+    if let (Some(value), None) = (words.next(), words.next()) {
+        defines.insert(name.to_string(), value.to_string());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Macro-made functions.
+
+/// The arguments of the invocation whose `(` and `)` are `open` and `close`: split at
+/// the commas outside parentheses (the preprocessor's rule: brackets and braces do not
+/// protect a comma).
+fn macro_args(toks: &[Tok], open: usize, close: usize) -> Vec<Vec<Tok>> {
+    let mut args = vec![Vec::new()];
+    let mut depth = 0;
+    for t in &toks[open + 1..close] {
+        match t.text.as_str() {
+            "(" => depth += 1,
+            ")" => depth -= 1,
+            "," if depth == 0 => {
+                args.push(Vec::new());
+                continue;
+            }
+            _ => {}
+        }
+        args.last_mut()
+            .expect("one argument at least")
+            .push(t.clone());
+    }
+    args
+}
+
+/// `m`'s body with `args` substituted: a parameter becomes its argument as written,
+/// `#param` an empty string literal (string contents are blanked everywhere else too),
+/// and `a ## b` one token.
+fn substitute(m: &Macro, args: &[Vec<Tok>]) -> Vec<Tok> {
+    let arg = |name: &str| -> Option<Vec<Tok>> {
+        if let Some(k) = m.params.iter().position(|p| p == name) {
+            return Some(args.get(k).cloned().unwrap_or_default());
+        }
+        if m.variadic && name == "__VA_ARGS__" {
+            let mut v = Vec::new();
+            for (k, a) in args.iter().enumerate().skip(m.params.len()) {
+                if k > m.params.len() {
+                    v.push(Tok {
+                        text: ",".into(),
+                        kind: Kind::Punct,
+                        line: 0,
+                    });
+                }
+                v.extend(a.iter().cloned());
+            }
+            return Some(v);
+        }
+        None
+    };
+    // An empty argument next to `##` leaves a placemarker (an empty token), so that the
+    // paste does not reach the token before it.
+    let placemarker = || Tok {
+        text: String::new(),
+        kind: Kind::Punct,
+        line: 0,
+    };
+    let body = &m.body;
+    let mut out: Vec<Tok> = Vec::new();
+    let mut k = 0;
+    while k < body.len() {
+        let t = &body[k];
+        if t.text == "#" && body.get(k + 1).is_some_and(|n| arg(&n.text).is_some()) {
+            for _ in 0..2 {
+                out.push(Tok {
+                    text: "\"".into(),
+                    kind: Kind::Punct,
+                    line: 0,
+                });
+            }
+            k += 2;
             continue;
         }
-        out.push_str(text);
-        out.push('\n');
+        if t.text == "##" {
+            let right = match body.get(k + 1) {
+                Some(n) => arg(&n.text).unwrap_or_else(|| vec![n.clone()]),
+                None => Vec::new(),
+            };
+            k += 2;
+            let mut right = right.into_iter();
+            match (out.pop(), right.next()) {
+                (Some(l), Some(r)) => {
+                    let pasted = tokenize(&format!("{}{}", l.text, r.text));
+                    if pasted.is_empty() {
+                        out.push(placemarker());
+                    }
+                    out.extend(pasted);
+                }
+                (Some(l), None) => out.push(l),
+                (None, Some(r)) => out.push(r),
+                (None, None) => {}
+            }
+            out.extend(right);
+            continue;
+        }
+        match arg(&t.text) {
+            Some(a) if a.is_empty() => {
+                let pasted = body.get(k + 1).is_some_and(|n| n.text == "##")
+                    || (k > 0 && body[k - 1].text == "##");
+                if pasted {
+                    out.push(placemarker());
+                }
+            }
+            Some(a) => out.extend(a),
+            None => out.push(t.clone()),
+        }
+        k += 1;
     }
-    (out, at, defines)
+    out.retain(|t| !t.text.is_empty());
+    out
+}
+
+/// `toks` with the function-like macro invocations expanded, the result of each rescanned
+/// for more; a macro is not expanded inside its own expansion (`active`), as in C.
+fn expand(toks: &[Tok], macros: &BTreeMap<String, Macro>, active: &mut Vec<String>) -> Vec<Tok> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        let t = &toks[i];
+        if let Some(m) = macros
+            .get(&t.text)
+            .filter(|_| t.kind == Kind::Ident && !active.contains(&t.text) && active.len() < 32)
+        {
+            if toks.get(i + 1).is_some_and(|n| n.text == "(") {
+                let close = matching(toks, i + 1);
+                if toks[close].text == ")" {
+                    let body = substitute(m, &macro_args(toks, i + 1, close));
+                    active.push(t.text.clone());
+                    out.extend(expand(&body, macros, active));
+                    active.pop();
+                    i = close + 1;
+                    continue;
+                }
+            }
+        }
+        out.push(t.clone());
+        i += 1;
+    }
+    out
+}
+
+/// The function-like macro invocation outside every function body that defines `entry`
+/// when expanded: its first and last token, and the expansion, every token of it placed
+/// on the invocation's line (so a loop written in the macro reports where the entry is
+/// instantiated, as a compiler reports an error in an expansion). A macro that makes only
+/// the signature (`KERNEL(name) { ... }`) counts, with the body written after it.
+fn generating_invocation(
+    toks: &[Tok],
+    funcs: &[Function],
+    macros: &BTreeMap<String, Macro>,
+    entry: &str,
+) -> Option<(usize, usize, Vec<Tok>)> {
+    if macros.is_empty() {
+        return None;
+    }
+    let in_body = |i: usize| funcs.iter().any(|f| f.body.0 < i && i < f.body.1);
+    for i in 0..toks.len().saturating_sub(1) {
+        if toks[i].kind != Kind::Ident
+            || !macros.contains_key(&toks[i].text)
+            || toks[i + 1].text != "("
+            || in_body(i)
+        {
+            continue;
+        }
+        let close = matching(toks, i + 1);
+        if toks[close].text != ")" {
+            continue;
+        }
+        let mut expansion = expand(&toks[i..=close], macros, &mut Vec::new());
+        for t in &mut expansion {
+            t.line = toks[i].line;
+        }
+        let mut probe = expansion.clone();
+        if toks.get(close + 1).is_some_and(|t| t.text == "{") {
+            probe.extend_from_slice(&toks[close + 1..=matching(toks, close + 1)]);
+        }
+        if functions(&probe).iter().any(|f| f.name == entry) {
+            return Some((i, close, expansion));
+        }
+    }
+    None
 }
 
 // ---------------------------------------------------------------------------------------
@@ -380,6 +660,8 @@ fn preprocess(source: &str) -> (String, Vec<String>, BTreeMap<String, String>) {
 #[derive(Debug, Clone)]
 struct Function {
     name: String,
+    /// The first token of its declaration (`template`, `extern`, qualifiers).
+    start: usize,
     /// Token indices of the parameter list's `(` and `)`, and the body's `{` and `}`.
     params: (usize, usize),
     body: (usize, usize),
@@ -426,39 +708,58 @@ fn matching_back(toks: &[Tok], close: usize) -> Option<usize> {
     None
 }
 
+/// The function definitions outside function bodies: at file scope, and inside
+/// namespaces, `extern "C" { ... }` blocks and class bodies.
 fn functions(toks: &[Tok]) -> Vec<Function> {
     let mut out = Vec::new();
     let mut i = 0;
+    // Where the declaration being read began: after the last `;`, `{` or `}` met here.
+    let mut start = 0;
     while i < toks.len() {
-        if toks[i].text == "{" {
-            let close = matching(toks, i);
-            // `name ( params ) [const|noexcept...] {`
-            let mut j = i;
-            while j > 0
-                && matches!(
-                    toks[j - 1].text.as_str(),
-                    "const" | "noexcept" | "override" | "final"
-                )
-            {
-                j -= 1;
-            }
-            if j > 0 && toks[j - 1].text == ")" {
-                if let Some(open) = matching_back(toks, j - 1) {
-                    if open > 0 && toks[open - 1].kind == Kind::Ident {
-                        let name = toks[open - 1].text.clone();
-                        if !is_keyword(&name) {
-                            out.push(Function {
-                                name,
+        match toks[i].text.as_str() {
+            "{" => {
+                let close = matching(toks, i);
+                // `name ( params ) [const|noexcept...] {`
+                let mut j = i;
+                while j > 0
+                    && matches!(
+                        toks[j - 1].text.as_str(),
+                        "const" | "noexcept" | "override" | "final"
+                    )
+                {
+                    j -= 1;
+                }
+                let mut found = None;
+                if j > 0 && toks[j - 1].text == ")" {
+                    if let Some(open) = matching_back(toks, j - 1) {
+                        if open > 0
+                            && toks[open - 1].kind == Kind::Ident
+                            && !is_keyword(&toks[open - 1].text)
+                        {
+                            found = Some(Function {
+                                name: toks[open - 1].text.clone(),
+                                start: start.min(open - 1),
                                 params: (open, j - 1),
                                 body: (i, close),
                             });
                         }
                     }
                 }
+                if let Some(f) = found {
+                    out.push(f);
+                    i = close + 1;
+                } else {
+                    // Not a function's body: a namespace, a linkage block, a class, an
+                    // initialiser; what it holds is read as declarations.
+                    i += 1;
+                }
+                start = i;
             }
-            i = close + 1;
-        } else {
-            i += 1;
+            ";" | "}" => {
+                i += 1;
+                start = i;
+            }
+            _ => i += 1,
         }
     }
     out
@@ -715,6 +1016,22 @@ fn text(toks: &[Tok], from: usize, to: usize) -> String {
     s
 }
 
+/// The tokens `from..to` as text, a line for each line of the code they come from.
+fn token_text(toks: &[Tok], from: usize, to: usize) -> String {
+    let mut s = String::new();
+    for (k, t) in toks[from..to.min(toks.len())].iter().enumerate() {
+        if k > 0 {
+            s.push(if toks[from + k - 1].line == t.line {
+                ' '
+            } else {
+                '\n'
+            });
+        }
+        s.push_str(&t.text);
+    }
+    s
+}
+
 // ---------------------------------------------------------------------------------------
 // The analysis.
 
@@ -747,13 +1064,34 @@ impl Scope {
 }
 
 /// Summarises `entry` in `source` (amalgamated: includes inlined) for the launch `env`.
+///
+/// An entry made by a function-like macro (`SOFTMAX_OP(float, softmax_f32)` with
+/// `#define SOFTMAX_OP(T, NAME) extern "C" __global__ void NAME(...) { ... }`) is read
+/// from the one invocation that defines it, expanded in place; its tokens report the
+/// invocation's line.
 pub fn summarize(source: &str, entry: &str, env: &Env) -> Result<Structure, String> {
-    let (code, at, file_defines) = preprocess(source);
-    let toks = tokenize(&code);
-    let funcs = functions(&toks);
+    let Prepared {
+        code,
+        at,
+        defines: file_defines,
+        macros,
+    } = preprocess(source);
+    let mut toks = tokenize(&code);
+    let mut funcs = functions(&toks);
+    if !funcs.iter().any(|f| f.name == entry) {
+        if let Some((first, last, expansion)) = generating_invocation(&toks, &funcs, &macros, entry)
+        {
+            toks.splice(first..=last, expansion);
+            funcs = functions(&toks);
+        }
+    }
+    let toks = toks;
     let by_name: BTreeMap<&str, &Function> = funcs.iter().map(|f| (f.name.as_str(), f)).collect();
     let Some(entry_fn) = funcs.iter().find(|f| f.name == entry) else {
-        return Err(format!("no definition of `{entry}` in the source"));
+        return Err(format!(
+            "no definition of `{entry}` in the source: neither written out nor made by a \
+             function-like macro invoked outside a function (check the entry's name)"
+        ));
     };
     let mut base: BTreeMap<String, i64> = BTreeMap::new();
     for (k, v) in &file_defines {
@@ -773,7 +1111,7 @@ pub fn summarize(source: &str, entry: &str, env: &Env) -> Result<Structure, Stri
     let mut st = Structure {
         entry: entry.to_string(),
         functions: vec![],
-        summary: kopt_store::features::structural_summary(source),
+        summary: String::new(),
         loops: vec![],
         buffers: vec![],
         shared: vec![],
@@ -785,6 +1123,7 @@ pub fn summarize(source: &str, entry: &str, env: &Env) -> Result<Structure, Stri
     let mut queue: Vec<(&Function, Scope)> = vec![(entry_fn, Scope::new())];
     let mut seen: BTreeSet<String> = BTreeSet::new();
     let mut order: Vec<String> = Vec::new();
+    let mut reached: Vec<&Function> = Vec::new();
     let mut buffers: BTreeMap<String, BufferUse> = BTreeMap::new();
     let mut buffer_order: Vec<String> = Vec::new();
     let mut qi = 0;
@@ -795,6 +1134,7 @@ pub fn summarize(source: &str, entry: &str, env: &Env) -> Result<Structure, Stri
             continue;
         }
         order.push(f.name.clone());
+        reached.push(f);
         let is_entry = f.name == entry;
         let mut scope = std::mem::replace(&mut queue[qi].1, Scope::new());
         // Parameters: pointers of the entry are global buffers.
@@ -1055,6 +1395,13 @@ pub fn summarize(source: &str, entry: &str, env: &Env) -> Result<Structure, Stri
         qi += 1;
     }
     st.functions = order;
+    // The one-line summary reads only the functions followed, not the rest of a
+    // translation unit that may define many entries.
+    let text: Vec<String> = reached
+        .iter()
+        .map(|f| token_text(&toks, f.start, f.body.1 + 1))
+        .collect();
+    st.summary = kopt_store::features::structural_summary(&text.join("\n"));
     st.buffers = buffer_order
         .into_iter()
         .filter_map(|n| buffers.remove(&n))
@@ -1382,10 +1729,20 @@ fn classify_loop(
         }
         [v, "+=", ..] if *v == var => {
             let inc = eval_range(toks, step.0 + 2, step.1, value);
+            // A thread-dependent start with a stride of the block's size, written as
+            // `blockDim.x` or as a value equal to it for this launch (a `block_size`
+            // argument the launcher sets to the block size).
+            let from_thread = start_text.contains("threadIdx");
+            let block_wide = step_text.contains("blockDim")
+                || inc.is_some_and(|i| i > 0 && Some(i) == value("blockDim.x"));
             let stride = if step_text.contains("gridDim") {
                 "grid-stride"
-            } else if step_text.contains("blockDim") && start_text.contains("threadIdx") {
+            } else if from_thread && block_wide {
                 "block-stride"
+            } else if from_thread && inc.is_none() {
+                // Threads start apart and the stride is unknown: whether they share the
+                // iterations or each runs them all cannot be read.
+                "other"
             } else {
                 "sequential"
             };
@@ -1498,5 +1855,38 @@ mod tests {
         assert_eq!(s.buffers[0].read_passes, 2);
         assert_eq!(s.buffers[1].writes, 2);
         assert_eq!(s.loops[0].at, "source:4");
+    }
+
+    #[test]
+    fn variadic_parameters_empty_pastes_and_namespaced_callees() {
+        let src = "namespace ops {\n__device__ float zero() { return 0.0f; }\n}\n#define K(PREFIX, NAME, ...) \\\n  extern \"C\" __global__ void PREFIX##NAME(__VA_ARGS__) { \\\n    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = ops::zero(); }\nK(, fill, float* y, int n)\n";
+        let s = summarize(src, "fill", &env(&[("n", 512)], 128, 1)).unwrap();
+        assert_eq!(s.functions, ["fill", "zero"]);
+        assert_eq!(
+            (s.loops[0].pattern.as_str(), s.loops[0].trips),
+            ("block-stride", Some(4)),
+            "`n` is the second of the variadic arguments"
+        );
+        assert_eq!((s.buffers[0].name.as_str(), s.buffers[0].writes), ("y", 1));
+        assert_eq!(s.loops[0].at, "source:7");
+    }
+
+    #[test]
+    fn a_stride_equal_to_the_block_is_block_stride() {
+        let src = "extern \"C\" __global__ void k(const float* x, float* y, int n, int bs, int step) {\n  for (int i = threadIdx.x; i < n; i += bs) y[i] = x[i];\n  for (int i = threadIdx.x; i < n; i += step) y[i] = x[i];\n  for (int i = 0; i < n; i += bs) y[i] = x[i];\n}\n";
+        let s = summarize(src, "k", &env(&[("n", 1024), ("bs", 256)], 256, 1)).unwrap();
+        let l: Vec<(&str, Option<u64>)> = s
+            .loops
+            .iter()
+            .map(|l| (l.pattern.as_str(), l.trips))
+            .collect();
+        assert_eq!(
+            l,
+            [
+                ("block-stride", Some(4)),
+                ("other", None),
+                ("sequential", Some(4))
+            ]
+        );
     }
 }

@@ -167,7 +167,11 @@ pub enum Distribution {
     Range { lo: Expr, hi: Expr },
 }
 
-/// Combined tolerance: an element passes when `|a - b| <= atol + rtol * |b|`.
+/// Combined tolerance of an output. Verification passes an element when
+/// `|a - b| <= atol + rtol * max(|b|, rms)`, `rms` being that of the reference's values in
+/// the element's row (the last dimension of the buffer's declared length, or the whole
+/// buffer when the length is not a product), or within the computation's estimated
+/// rounding noise where that is larger (`kopt_engine::compare::compare` states the rule).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Tolerance {
     pub rtol: f64,

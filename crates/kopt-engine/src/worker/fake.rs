@@ -50,7 +50,7 @@ use std::collections::BTreeMap;
 use kopt_spec::spec::{Direction, Shape};
 
 use super::Backend;
-use crate::compare::{BadElement, OutputComparison};
+use crate::compare::{BadElement, OutputComparison, Rule, Worst};
 use crate::inputs::Variation;
 use crate::job::{EvalJob, Geometry, KernelVersion};
 use crate::protocol::*;
@@ -506,12 +506,16 @@ fn fake_comparison(
     wrong_at: Option<u64>,
     nan: bool,
 ) -> OutputComparison {
+    // The fake's outputs are of order 0.5: its row (the whole buffer) has that RMS, and
+    // the allowances are the real rule's for such values.
+    let rule = Rule::new(dtype, tolerance, n as usize, None);
     let bad = wrong_at.filter(|i| *i < n).map(|i| BadElement {
         index: i,
         coords: vec![],
         got: 0.0,
         want: 0.5,
         neighbourhood: vec![(i, 0.0, 0.5)],
+        allowance: Some(rule.allowance(0.5, 0.5)),
     });
     let nan_bad = nan.then(|| BadElement {
         index: 0,
@@ -519,8 +523,30 @@ fn fake_comparison(
         got: f64::NAN,
         want: 0.25,
         neighbourhood: vec![(0, f64::NAN, 0.25)],
+        allowance: Some(rule.allowance(0.25, 0.5)),
     });
     let failing = u64::from(bad.is_some()) + u64::from(nan_bad.is_some());
+    let max_abs_error = if nan {
+        f64::INFINITY
+    } else if bad.is_some() {
+        0.5
+    } else {
+        1e-7
+    };
+    // The worst finite element: the wrong one, else one off by the fake's 1e-7.
+    let worst_diff = if bad.is_some() {
+        0.5
+    } else if dtype.is_float() {
+        1e-7
+    } else {
+        0.0
+    };
+    let worst_allowance = rule.allowance(0.5, 0.5);
+    let max_error_ratio = match worst_diff {
+        0.0 => 0.0,
+        d if worst_allowance.allowed > 0.0 => d / worst_allowance.allowed,
+        _ => f64::INFINITY,
+    };
     OutputComparison {
         buffer: buffer.to_string(),
         dtype,
@@ -528,14 +554,16 @@ fn fake_comparison(
         tolerance,
         failing,
         non_finite: u64::from(nan),
-        max_abs_error: if nan {
-            f64::INFINITY
-        } else if bad.is_some() {
-            0.5
-        } else {
-            1e-7
-        },
+        max_abs_error,
         max_rel_error: if bad.is_some() || nan { 1.0 } else { 1e-6 },
+        max_error_ratio,
+        worst: (n > 0).then(|| Worst {
+            index: wrong_at.filter(|i| *i < n).unwrap_or(0),
+            coords: vec![],
+            got: 0.5 - worst_diff,
+            want: 0.5,
+            allowance: worst_allowance,
+        }),
         first_bad: nan_bad.or(bad),
     }
 }
