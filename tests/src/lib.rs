@@ -85,6 +85,9 @@ debug = false
             .arg("--manifest-path")
             .arg(self.manifest())
             .env("KOPT_WORKER", "fake")
+            // The scratch workspace's own target folder holds its runs and pending area,
+            // where the tests look, whatever target folder the test build itself uses.
+            .env_remove("CARGO_TARGET_DIR")
             .env("KOPT_CACHE_DIR", self.root.join("cache"))
             .env("KOPT_CASES", self.root.join("cases.sqlite"));
         c

@@ -598,6 +598,21 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
         "its confidence comes from the accepted cases nearest to it: {snapshot}"
     );
     assert!(runs.join("profile/softmax/snapshot.json").is_file());
+    // The winner went through the sanitizer pass before it became pending: on the fake
+    // device every tool is recorded as skipped, never as clean.
+    let pending = std::fs::read_to_string(
+        ws.root
+            .join("target/kopt/pending/llm-kernels/softmax/sm_90/pending.json"),
+    )
+    .unwrap();
+    for tool in ["memcheck", "racecheck", "initcheck", "synccheck"] {
+        assert!(
+            pending.contains(&format!("\"sanitizer:{tool}\"")),
+            "{tool} in the evidence: {pending}"
+        );
+    }
+    assert!(pending.contains("skipped (the fake device runs no kernel to sanitize)"), "{pending}");
+    assert!(!pending.contains(": clean"), "{pending}");
     let o = run(&["cases", "list", "--message-format", "json"]);
     let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let tried = listed
