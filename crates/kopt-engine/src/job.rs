@@ -374,7 +374,13 @@ impl TimingPolicy {
             ));
         }
         let round_us: f64 = (0..2)
-            .map(|i| if per_launch[i] { t[i] } else { reps as f64 * t[i] })
+            .map(|i| {
+                if per_launch[i] {
+                    t[i]
+                } else {
+                    reps as f64 * t[i]
+                }
+            })
             .sum();
         let fit = (budget_us / round_us).floor();
         let min_samples = if fit >= self.min_samples as f64 {
@@ -414,7 +420,9 @@ impl TimingPolicy {
                 launch_us: t[i],
                 scaled: !reason.is_empty(),
                 reason: if reason.is_empty() {
-                    format!("the policy's: a graph of {reps} launches, at least {min_samples} samples")
+                    format!(
+                        "the policy's: a graph of {reps} launches, at least {min_samples} samples"
+                    )
                 } else {
                     reason.join("; ")
                 },
@@ -798,7 +806,10 @@ mod tests {
         assert_eq!(policy.plan([38.0, 38.0], 1)[0].graph_launches, 32);
         let sets = policy.plan([38.0, 38.0], 5);
         assert_eq!(sets[0].graph_launches % 5, 0);
-        assert_eq!(sets[0].graph_launches as usize, graph_reps(&policy, 38.0, 5));
+        assert_eq!(
+            sets[0].graph_launches as usize,
+            graph_reps(&policy, 38.0, 5)
+        );
         // The search's policy: short graphs, fewer samples, half a second.
         let search = TimingPolicy {
             warmup: 3,
@@ -814,7 +825,10 @@ mod tests {
         assert!(!p.scaled);
         // Up to a launch of a millisecond: still the policy's graph.
         let p = &policy.plan([1000.0, 1000.0], 1)[0];
-        assert_eq!((p.per_launch, p.graph_launches, p.min_samples), (false, 32, 15));
+        assert_eq!(
+            (p.per_launch, p.graph_launches, p.min_samples),
+            (false, 32, 15)
+        );
     }
 
     /// A naive softmax over 8192x50257 takes about 400 ms a launch: each launch alone, 5
@@ -829,11 +843,16 @@ mod tests {
             assert_eq!(p.min_samples, MIN_SLOW_SAMPLES);
             assert_eq!(p.warmup, 0);
             assert!(
-                p.reason.contains("a launch takes 400.0 ms, over the 1.0 ms"),
+                p.reason
+                    .contains("a launch takes 400.0 ms, over the 1.0 ms"),
                 "{}",
                 p.reason
             );
-            assert!(p.reason.contains("at least 5 samples, not 15"), "{}", p.reason);
+            assert!(
+                p.reason.contains("at least 5 samples, not 15"),
+                "{}",
+                p.reason
+            );
             assert!(p.method(1, true).starts_with("each launch timed alone"));
         }
         // 20 ms: one by one, but 15 samples still fit in 2 s (0.6 s).
@@ -863,7 +882,11 @@ mod tests {
         assert_eq!(c.graph_launches, 128);
         // One sampling rule for both: the slow one's round sets the minimum.
         assert_eq!((r.min_samples, c.min_samples), (5, 5));
-        assert!(c.scaled && c.reason.contains("at least 5 samples"), "{}", c.reason);
+        assert!(
+            c.scaled && c.reason.contains("at least 5 samples"),
+            "{}",
+            c.reason
+        );
         // And the other way round.
         let [r, c] = policy.plan([5.0, 400_000.0], 1);
         assert!(!r.per_launch && c.per_launch);
@@ -876,7 +899,11 @@ mod tests {
         // over the 133 ms that 15 replays in 2 s allow: 128 launches.
         let [r, c] = policy.plan([1.0, 900.0], 1);
         assert_eq!((r.graph_launches, c.graph_launches), (128, 128));
-        assert!(r.scaled && r.reason.contains("shortened from 512 to 128"), "{}", r.reason);
+        assert!(
+            r.scaled && r.reason.contains("shortened from 512 to 128"),
+            "{}",
+            r.reason
+        );
         assert_eq!(r.min_samples, 15);
         // 0.9 and 0.8 ms over 64 input sets: one launch of each on each set takes
         // 108.8 ms, and a budget of 1 s allows 66.7 ms a replay: the slower goes launch by
@@ -888,7 +915,8 @@ mod tests {
         let [r, c] = tight.plan([900.0, 800.0], 64);
         assert!(r.per_launch && !c.per_launch, "{r:?} {c:?}");
         assert!(
-            r.reason.contains("on each of the 64 input sets would take 108.8 ms"),
+            r.reason
+                .contains("on each of the 64 input sets would take 108.8 ms"),
             "{}",
             r.reason
         );

@@ -124,7 +124,15 @@ impl std::fmt::Display for WorkerFailure {
                     None => write!(f, " (`--step-timeout` raises the limit for a kernel this slow on purpose)"),
                 }
             }
-            WorkerFailure::Died { status, stderr } => write!(f, "the worker died ({status}){}", if stderr.is_empty() { String::new() } else { format!(": {stderr}") }),
+            WorkerFailure::Died { status, stderr } => write!(
+                f,
+                "the worker died ({status}){}",
+                if stderr.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {stderr}")
+                }
+            ),
             WorkerFailure::Refused(m) => write!(f, "{m}"),
             WorkerFailure::Start(m) => write!(f, "cannot start the worker: {m}"),
         }

@@ -426,7 +426,9 @@ fn first_lines(s: &str, n: usize) -> String {
 /// long (launch by launch, a shorter graph, fewer samples): how, and why, so that a
 /// figure of a slow kernel is read as what it is.
 pub fn scaled_timing_note(s: &ShapeReport) -> Option<String> {
-    fn figures(l: &Option<LaunchFigures>) -> Option<(&crate::stats::Timing, &crate::job::TimingPlan)> {
+    fn figures(
+        l: &Option<LaunchFigures>,
+    ) -> Option<(&crate::stats::Timing, &crate::job::TimingPlan)> {
         l.as_ref()
             .and_then(|l| Some((l.timing.as_ref()?, l.timing_plan.as_ref()?)))
             .filter(|(_, p)| p.scaled)

@@ -16,8 +16,8 @@ use super::{Backend, StepProgress};
 use crate::compare::{compare, OutputComparison};
 use crate::inputs::{self, Bytes, Variation};
 use crate::job::{
-    buffer_dims, graph_method, graph_reps, EvalJob, Geometry, KernelVersion, ShapeCase,
-    TimingPlan, TimingPolicy,
+    buffer_dims, graph_method, graph_reps, EvalJob, Geometry, KernelVersion, ShapeCase, TimingPlan,
+    TimingPolicy,
 };
 use crate::protocol::*;
 use crate::stats::{self, Timing};
@@ -555,7 +555,6 @@ impl Backend for CudaBackend {
 
 type ShapeResult = Result<ShapeReport, (ShapeReport, Stop)>;
 
-
 impl CudaBackend {
     /// A shape's generated inputs, from the cache when this spec, shape, seed and
     /// variation were drawn before.
@@ -1064,18 +1063,20 @@ impl CudaBackend {
         }
         s.synchronize().map_err(|e| Stop::driver("warm-up", e))?;
         // The graph's length comes, as it always has, from a few back-to-back launches;
-        // a version too slow for a graph keeps its measured launch.
-        let graphed = first.iter().filter(|p| !p.per_launch).count();
-        if graphed > 0 {
-            progress("timing (estimate)", expect(ESTIMATE_LAUNCHES * graphed));
+        // so does the choice of a graph, unless a single launch already took long enough
+        // to settle it (one slowed by a hiccup is estimated again).
+        let estimated = [0, 1].map(|i| !first[i].per_launch || launch_us[i] <= ESTIMATE_UP_TO_US);
+        let count = estimated.iter().filter(|e| **e).count();
+        if count > 0 {
+            progress("timing (estimate)", expect(ESTIMATE_LAUNCHES * count));
         }
-        let est_r = match first[0].per_launch {
-            true => launch_us[0],
-            false => estimate_us(&s, r.0, r.1, &mut pr[0])?,
+        let est_r = match estimated[0] {
+            true => estimate_us(&s, r.0, r.1, &mut pr[0])?,
+            false => launch_us[0],
         };
-        let est_c = match first[1].per_launch {
-            true => launch_us[1],
-            false => estimate_us(&s, c.0, c.1, &mut pc[0])?,
+        let est_c = match estimated[1] {
+            true => estimate_us(&s, c.0, c.1, &mut pc[0])?,
+            false => launch_us[1],
         };
         let plan = policy.plan([est_r, est_c], sets);
         let reps = plan
@@ -1105,7 +1106,9 @@ impl CudaBackend {
             let round_s = expect(round_launches).unwrap_or(0.0);
             progress(
                 "timing (replays)",
-                Some((plan[0].min_samples as f64 * round_s).max(plan[0].max_seconds) + 2.0 * round_s),
+                Some(
+                    (plan[0].min_samples as f64 * round_s).max(plan[0].max_seconds) + 2.0 * round_s,
+                ),
             );
         }
         let samples = {
@@ -1125,7 +1128,11 @@ impl CudaBackend {
         };
         let figures = [0, 1].map(|i| {
             (
-                stats::summarise(&plan[i].method(sets, cold), plan[i].graph_launches, &samples[i]),
+                stats::summarise(
+                    &plan[i].method(sets, cold),
+                    plan[i].graph_launches,
+                    &samples[i],
+                ),
                 plan[i].clone(),
             )
         });
@@ -1182,6 +1189,10 @@ fn timed_launch(
 
 /// Launches between the events of [`estimate_us`].
 const ESTIMATE_LAUNCHES: usize = 4;
+
+/// A version whose single launch in the checks took longer than this (µs) is timed
+/// launch by launch on that figure alone, without the estimate's four more launches.
+const ESTIMATE_UP_TO_US: f64 = 20_000.0;
 
 /// µs per launch of a few back-to-back launches between events: a first estimate that
 /// sizes the timing graph. Not one launch: the events would then also time whatever

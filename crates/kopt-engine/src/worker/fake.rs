@@ -452,9 +452,8 @@ impl Backend for FakeBackend {
             }
             let timed = job.timing.as_ref().filter(|_| case.timed);
             let timings = timed.map(|policy| {
-                let mut step = |what: &str, expect: Option<f64>| {
-                    progress(&format!("{label}: {what}"), expect)
-                };
+                let mut step =
+                    |what: &str, expect: Option<f64>| progress(&format!("{label}: {what}"), expect);
                 let t = device.time_pair(policy, [ref_us, cand_us], &mut step);
                 let recheck = format!("{label}: re-check after timing");
                 progress(&recheck, None);
@@ -633,18 +632,25 @@ impl FakeClock {
             let round_s = self.expect(round_launches).unwrap_or(0.0);
             progress(
                 "timing (replays)",
-                Some((plan[0].min_samples as f64 * round_s).max(plan[0].max_seconds) + 2.0 * round_s),
+                Some(
+                    (plan[0].min_samples as f64 * round_s).max(plan[0].max_seconds) + 2.0 * round_s,
+                ),
             );
         }
         // The untimed replay of each graph.
-        self.run(graph_us(plan.iter().map(|p| p.graph_launches).max().unwrap_or(0) as f64));
+        self.run(graph_us(
+            plan.iter().map(|p| p.graph_launches).max().unwrap_or(0) as f64,
+        ));
         const PATTERN: [f64; 4] = [0.995, 1.0, 1.005, 1.0];
         let mut samples: [Vec<f64>; 2] = Default::default();
         let mut elapsed_s = 0.0;
         loop {
             let n = samples[0].len();
             if per_launch_any {
-                progress(&format!("timing (sample {})", n + 1), self.expect(round_launches));
+                progress(
+                    &format!("timing (sample {})", n + 1),
+                    self.expect(round_launches),
+                );
             }
             for (i, v) in samples.iter_mut().enumerate() {
                 v.push(launch_us[i] * PATTERN[n % PATTERN.len()]);
@@ -666,7 +672,11 @@ impl FakeClock {
         }
         [0, 1].map(|i| {
             (
-                summarise(&plan[i].method(1, true), plan[i].graph_launches, &samples[i]),
+                summarise(
+                    &plan[i].method(1, true),
+                    plan[i].graph_launches,
+                    &samples[i],
+                ),
                 plan[i].clone(),
             )
         })
