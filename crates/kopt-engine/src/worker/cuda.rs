@@ -49,6 +49,8 @@ pub struct CudaBackend {
     /// expected durations of a shape's steps, and so the parent's hang limits, follow from
     /// it. Measured once per worker, before the first candidate launch on the shape.
     reference_launch_us: HashMap<ProbeKey, f64>,
+    /// A parent watches the steps (see [`Backend::set_watched`]).
+    watched: bool,
 }
 
 /// What a reference launch time is kept under: the function (modules are never unloaded,
@@ -302,6 +304,7 @@ impl CudaBackend {
             pool: BufferPool::default(),
             reference_graphs: GraphCache::default(),
             reference_launch_us: HashMap::new(),
+            watched: true,
         })
     }
 
@@ -518,6 +521,10 @@ impl Backend for CudaBackend {
             });
         }
         Ok(out)
+    }
+
+    fn set_watched(&mut self, watched: bool) {
+        self.watched = watched;
     }
 
     fn evaluate(&mut self, job: &EvalJob, progress: StepProgress) -> EvalReport {
@@ -739,7 +746,8 @@ impl CudaBackend {
     ///
     /// Every step is announced before it runs, with its expected duration where one
     /// follows from the reference's launch time: the reference is launched once alone on
-    /// the shape (once per worker) before the candidate's first launch, and each later
+    /// the shape (once per worker, and only when a parent watches: under a profiler the
+    /// entry's first launch stays the candidate's) before the candidate's first launch, and each later
     /// step's launches are counted at that time, a candidate's launch as one of the
     /// reference's. No step runs more than one launch of a version or one graph replay
     /// without a message, so a slow reference never looks like a hang.
@@ -787,31 +795,29 @@ impl CudaBackend {
             let pristine = step!(self
                 .inputs_for(spec, case, args, elems, seed, variation)
                 .map_err(|e| Stop::Error(format!("inputs: {e}"))));
-            let t_ref = match reference_us {
-                Some(t) => t,
-                None => {
-                    // Before any candidate launch on the shape (its inputs and outputs
-                    // are restored and poisoned again before each run below).
-                    progress(
-                        &format!("{label}: reference launch (its time sets the hang limits)"),
-                        None,
-                    );
-                    let t = step!(self.launch_alone(spec, rf, rg, &case.values, bufs, &pristine));
-                    if self.reference_launch_us.len() >= 1024 {
-                        self.reference_launch_us.clear();
-                    }
-                    self.reference_launch_us.insert(probe_key.clone(), t);
-                    reference_us = Some(t);
-                    t
+            if reference_us.is_none() && self.watched {
+                // Before any candidate launch on the shape (its inputs and outputs are
+                // restored and poisoned again before each run below).
+                progress(
+                    &format!("{label}: reference launch (its time sets the hang limits)"),
+                    None,
+                );
+                let t = step!(self.launch_alone(spec, rf, rg, &case.values, bufs, &pristine));
+                if self.reference_launch_us.len() >= 1024 {
+                    self.reference_launch_us.clear();
                 }
-            };
-            let one = Some(t_ref * 1e-6);
+                self.reference_launch_us.insert(probe_key.clone(), t);
+                reference_us = Some(t);
+            }
+            let one = reference_us.map(|t| t * 1e-6);
             progress(&format!("{check}: candidate"), one);
             let (c1, modified, _) =
                 step!(self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true));
             progress(&format!("{check}: reference"), one);
             let (reference, _, r_us) =
                 step!(self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false));
+            // Unwatched, the reference's first run here is its measured launch.
+            let one = Some(*reference_us.get_or_insert(r_us) * 1e-6);
             progress(&format!("{check}: candidate again"), one);
             let (c2, modified2, c_us) =
                 step!(self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true));

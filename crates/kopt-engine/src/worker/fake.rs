@@ -82,6 +82,8 @@ pub struct FakeBackend {
     /// References launched alone once on a shape (by source, options and shape), as the
     /// GPU's worker does before the first candidate launch.
     probed: BTreeSet<String>,
+    /// A parent watches the steps (see [`Backend::set_watched`]).
+    watched: bool,
 }
 
 impl FakeBackend {
@@ -96,6 +98,7 @@ impl FakeBackend {
             device: fake_device_on(ordinal),
             evaluations: BTreeMap::new(),
             probed: BTreeSet::new(),
+            watched: true,
         }
     }
 }
@@ -321,6 +324,10 @@ impl Backend for FakeBackend {
             .collect())
     }
 
+    fn set_watched(&mut self, watched: bool) {
+        self.watched = watched;
+    }
+
     fn evaluate(&mut self, job: &EvalJob, progress: StepProgress) -> EvalReport {
         let spec = &job.spec;
         let d = Directives::parse(&job.candidate.source);
@@ -427,7 +434,7 @@ impl Backend for FakeBackend {
                 &job.reference.entry,
                 label,
             ]);
-            if self.probed.insert(probe) {
+            if self.watched && self.probed.insert(probe) {
                 progress(
                     &format!("{label}: reference launch (its time sets the hang limits)"),
                     None,

@@ -25,6 +25,11 @@ pub trait Backend {
     fn ceilings(&mut self) -> Result<Ceilings, String>;
     /// Runs a job; `progress` is called before every step that touches the device.
     fn evaluate(&mut self, job: &EvalJob, progress: StepProgress) -> EvalReport;
+    /// Whether a parent watches the steps (it does unless the worker runs one job alone,
+    /// under a profiler or compute-sanitizer). Unwatched, the reference is not launched
+    /// alone before the candidate for the hang limits: the first launch of the entry point
+    /// stays the candidate's, the one Nsight Compute profiles.
+    fn set_watched(&mut self, watched: bool);
     /// Times a one-launch copy of each byte count (see [`CopyTime`]).
     fn copy_times(
         &mut self,
@@ -175,6 +180,7 @@ pub fn oneshot(
             return 2;
         }
     };
+    backend.set_watched(false);
     let report = backend.evaluate(&job, &mut |_, _| {});
     let fault = report.fault.is_some();
     let message = Message::Report {
