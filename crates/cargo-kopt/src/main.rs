@@ -538,7 +538,9 @@ struct EvalArgs {
     /// Tolerated slowdown against the best, percent.
     #[arg(long, default_value_t = 3.0)]
     threshold: f64,
-    /// Seconds without progress after which a kernel counts as hung.
+    /// Seconds without progress after which a kernel counts as hung (a step whose
+    /// launches the reference's measured time predicts to take longer is allowed ten
+    /// times that prediction).
     #[arg(long, default_value_t = 30)]
     step_timeout: u64,
 }

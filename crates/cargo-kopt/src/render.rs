@@ -26,6 +26,26 @@ fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
         .unwrap_or_else(|| "–".into())
 }
 
+/// A time in a µs column: as is below a millisecond, in its own unit above
+/// (`412.3 ms`), where six-digit microseconds would not read.
+fn time_cell(us: f64) -> String {
+    if us.abs() >= 1e3 {
+        kopt_engine::stats::duration_text(us)
+    } else {
+        format!("{us:.2}")
+    }
+}
+
+/// A percentage of a roof: one decimal, and `<0.1%` for a kernel too slow to show in it
+/// (a naive kernel of hundreds of milliseconds is not at 0.0%).
+fn pct_cell(x: f64) -> String {
+    if x > 0.0 && x < 0.05 {
+        "<0.1%".to_string()
+    } else {
+        format!("{x:.1}%")
+    }
+}
+
 fn device_line(d: &DeviceInfo, c: Option<&Ceilings>) -> String {
     let ceil = match c {
         Some(c) => format!(
@@ -160,13 +180,10 @@ pub fn verify(v: &Verified) {
                         Style::new()
                     },
                 ),
-                (opt(s.reference_us, |x| format!("{x:.2}")), Style::new()),
-                (opt(s.candidate_us, |x| format!("{x:.2}")), Style::new()),
+                (opt(s.reference_us, time_cell), Style::new()),
+                (opt(s.candidate_us, time_cell), Style::new()),
                 (opt(s.speedup, |x| format!("{x:.2}x")), Style::new()),
-                (
-                    opt(s.copy_bandwidth_pct, |x| format!("{x:.1}%")),
-                    Style::new(),
-                ),
+                (opt(s.copy_bandwidth_pct, pct_cell), Style::new()),
                 (format!("{:.1e}", s.max_rel_error), Style::new()),
                 (
                     opt(s.spread, |x| format!("{:.1}%", 100.0 * x)),
@@ -256,17 +273,11 @@ pub fn bench(file: &BenchFile) {
             (r.kernel.clone(), Style::new().bold()),
             (r.shape.clone(), Style::new()),
             (r.active.clone(), Style::new()),
-            (opt(r.reference_us, |x| format!("{x:.2}")), Style::new()),
-            (opt(r.active_us, |x| format!("{x:.2}")), Style::new()),
+            (opt(r.reference_us, time_cell), Style::new()),
+            (opt(r.active_us, time_cell), Style::new()),
             (opt(r.speedup, |x| format!("{x:.2}x")), st),
-            (
-                opt(r.copy_bandwidth_pct, |x| format!("{x:.1}%")),
-                Style::new(),
-            ),
-            (
-                opt(r.same_size_copy_pct, |x| format!("{x:.1}%")),
-                Style::new(),
-            ),
+            (opt(r.copy_bandwidth_pct, pct_cell), Style::new()),
+            (opt(r.same_size_copy_pct, pct_cell), Style::new()),
             (opt(r.flops_pct, |x| format!("{x:.2}%")), Style::new()),
             (
                 opt(r.spread, |x| format!("{:.1}%", 100.0 * x)),
@@ -286,9 +297,7 @@ pub fn bench(file: &BenchFile) {
             style(AnsiColor::Red)
         );
     }
-    if let Some(m) = rows.iter().find_map(|r| r.method.clone()) {
-        let _ = writeln!(out, "timing: median per launch ({m}); % copy bw: ideal bytes / time against the measured device-to-device copy");
-    }
+    let _ = write!(out, "{}", bench_methods(rows));
     if let Some(m) = file.memory_bound_summary() {
         let _ = writeln!(out, "{}", m.describe());
     }
@@ -303,6 +312,35 @@ pub fn bench(file: &BenchFile) {
             );
         }
         None => {}
+    }
+}
+
+/// The timing line under the bench table: the method when every row was timed alike, else
+/// each method with the rows it timed (a slow kernel is timed launch by launch, and says
+/// so).
+fn bench_methods(rows: &[kopt_report::BenchRow]) -> String {
+    let mut methods: Vec<(&str, Vec<String>)> = Vec::new();
+    for r in rows {
+        let Some(m) = r.method.as_deref() else {
+            continue;
+        };
+        let row = format!("{} [{}]", r.kernel, r.shape);
+        match methods.iter_mut().find(|(x, _)| *x == m) {
+            Some((_, rs)) => rs.push(row),
+            None => methods.push((m, vec![row])),
+        }
+    }
+    let bw = "% copy bw: ideal bytes / time against the measured device-to-device copy";
+    match methods.as_slice() {
+        [] => String::new(),
+        [(m, _)] => format!("timing: median per launch ({m}); {bw}\n"),
+        several => {
+            let mut text = format!("timing: median per launch, by method; {bw}\n");
+            for (m, rs) in several {
+                text.push_str(&format!("  {m}: {}\n", rs.join(", ")));
+            }
+            text
+        }
     }
 }
 
@@ -382,4 +420,59 @@ pub fn optimize(r: &crate::optimize::RunResult) {
         "run {run_id}: journal and recorded sessions in {}/; review the winners with `cargo kopt review`",
         shown(&r.dir)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_of_milliseconds_read_in_milliseconds() {
+        assert_eq!(time_cell(34.456), "34.46");
+        assert_eq!(time_cell(412_345.0), "412.3 ms");
+        assert_eq!(time_cell(2_500_000.0), "2.50 s");
+        assert_eq!(pct_cell(0.008), "<0.1%");
+        assert_eq!(pct_cell(0.05), "0.1%");
+        assert_eq!(pct_cell(0.0), "0.0%");
+        assert_eq!(pct_cell(87.26), "87.3%");
+    }
+
+    #[test]
+    fn the_bench_names_each_timing_method_with_its_rows() {
+        let row = |shape: &str, method: &str| kopt_report::BenchRow {
+            package: "p".into(),
+            kernel: "softmax".into(),
+            shape: shape.into(),
+            active: "reference".into(),
+            reference_us: Some(1.0),
+            active_us: Some(1.0),
+            speedup: Some(1.0),
+            copy_bandwidth_pct: None,
+            reference_copy_bandwidth_pct: None,
+            flops_pct: None,
+            spread: None,
+            method: Some(method.into()),
+            cached: false,
+            problem: None,
+            bytes: None,
+            same_size_copy_us: None,
+            same_size_copy_pct: None,
+        };
+        let graph = "graph of 32 launches over 1 input set(s), L2 cold";
+        let alone = "each launch timed alone between events over 1 input set(s), L2 cold";
+        let one = bench_methods(&[row("a", graph), row("b", graph)]);
+        assert!(
+            one.starts_with(&format!("timing: median per launch ({graph});")),
+            "{one}"
+        );
+        let two = bench_methods(&[row("a", graph), row("big", alone), row("b", graph)]);
+        assert!(
+            two.contains(&format!("  {graph}: softmax [a], softmax [b]\n")),
+            "{two}"
+        );
+        assert!(
+            two.contains(&format!("  {alone}: softmax [big]\n")),
+            "{two}"
+        );
+    }
 }

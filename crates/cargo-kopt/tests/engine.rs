@@ -4,13 +4,13 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cargo_kopt::eval::{self, Settings};
 use cargo_kopt::gather::{self, Gathered};
 use kopt_engine::engine::Engine;
-use kopt_engine::job::{EvalJob, KernelVersion};
-use kopt_engine::parent::WorkerCommand;
+use kopt_engine::job::{EvalJob, KernelVersion, TimingPolicy};
+use kopt_engine::parent::{WorkerCommand, WorkerFailure};
 use kopt_engine::verdict::{Fence, Judge, Verdict};
 
 fn exe() -> PathBuf {
@@ -54,6 +54,24 @@ fn candidate(f: &Fixture, directives: &str) -> EvalJob {
     v.id = "candidate".into();
     v.source = format!("{}\n{directives}\n", k.reference.text);
     eval::job(&f.g, k, v, None, &Settings::default(), true)
+}
+
+/// The softmax job on its first declared shape alone: the reference's source with
+/// `reference` directives appended, the candidate the reference's text with `candidate`.
+fn slow_job(f: &Fixture, reference: &str, candidate: &str, timed: bool) -> EvalJob {
+    let k =
+        f.g.kernels
+            .iter()
+            .find(|k| k.spec.name == "softmax")
+            .unwrap();
+    let mut v = KernelVersion::reference(&k.spec, &k.reference.text);
+    v.id = "candidate".into();
+    v.source = format!("{}\n{candidate}\n", k.reference.text);
+    let mut job = eval::job(&f.g, k, v, None, &Settings::default(), timed);
+    job.reference.source = format!("{}\n{reference}\n", job.reference.source);
+    job.shapes.retain(|s| !s.held_out);
+    job.shapes.truncate(1);
+    job
 }
 
 fn judge(f: &mut Fixture, job: &EvalJob) -> Verdict {
@@ -201,6 +219,158 @@ fn each_fence_rejects_its_failure() {
     );
     // The fault, the hang and the crash each cost a worker; fresh ones were started.
     assert_eq!(f.engine.worker.starts, 4, "1 + 3 restarts");
+}
+
+/// Kernels of microseconds are timed as they always were: the policy's graph (at least 32
+/// launches) and its minimum of 15 samples, and the plan says it is the policy's.
+#[test]
+fn fast_kernels_keep_the_policys_graph_and_samples() {
+    let mut f = fixture(false);
+    let job = candidate(&f, "");
+    let report = f.engine.evaluate(&job, &mut |_| {}).report.unwrap();
+    let policy = TimingPolicy::default();
+    let declared: Vec<_> = report.shapes.iter().filter(|s| !s.held_out).collect();
+    assert_eq!(declared.len(), 4);
+    for s in declared {
+        for l in [&s.reference, &s.candidate] {
+            let l = l.as_ref().unwrap();
+            let (t, p) = (l.timing.as_ref().unwrap(), l.timing_plan.as_ref().unwrap());
+            assert!(!p.per_launch && !p.scaled, "{}: {p:?}", s.label);
+            assert!(p.graph_launches >= policy.min_graph_launches, "{p:?}");
+            assert_eq!((p.min_samples, t.samples), (15, 15), "{}", s.label);
+            assert_eq!(p.warmup, policy.warmup);
+            assert_eq!(
+                t.method,
+                format!(
+                    "graph of {} launches over 1 input set(s), L2 cold",
+                    p.graph_launches
+                )
+            );
+        }
+    }
+}
+
+/// A reference of 400 ms a launch (device time; 120 ms of real time on the fake device)
+/// timed against itself, as `cargo kopt bench` times a kernel without variants: launch by
+/// launch, 5 samples, its time stated. Its sample rounds (two launches, 240 ms) outlast
+/// the step timeout of 150 ms, and it is not called a hang: the worker announces each
+/// round with the time the reference's launch predicts, and the parent waits ten times
+/// that.
+#[test]
+fn a_slow_reference_is_measured_launch_by_launch_not_called_a_hang() {
+    let mut f = fixture(false);
+    f.engine.worker.step_timeout = Duration::from_millis(150);
+    let slow = "// kopt-fake: launch-ms 400\n// kopt-fake: real-time 0.3";
+    let job = slow_job(&f, slow, slow, true);
+    let mut seen: Vec<(Instant, String)> = Vec::new();
+    let t0 = Instant::now();
+    let ev = f
+        .engine
+        .evaluate(&job, &mut |s| seen.push((Instant::now(), s.to_string())));
+    let wall = t0.elapsed();
+    let report = ev.report.as_ref().unwrap_or_else(|e| panic!("{e}"));
+    let shape = &report.shapes[0];
+    for (who, l) in [
+        ("reference", &shape.reference),
+        ("candidate", &shape.candidate),
+    ] {
+        let l = l.as_ref().unwrap();
+        let (t, p) = (l.timing.as_ref().unwrap(), l.timing_plan.as_ref().unwrap());
+        assert!(p.per_launch && p.scaled, "{who}: {p:?}");
+        assert_eq!((t.samples, t.launches_per_sample), (5, 1), "{who}: {t:?}");
+        assert_eq!(t.median_us, 400_000.0, "{who}");
+        assert!(
+            t.method
+                .starts_with("each launch timed alone between events"),
+            "{who}: {}",
+            t.method
+        );
+    }
+    assert!(
+        seen.iter().any(|(_, s)| s.ends_with("timing (sample 5)")),
+        "{:?}",
+        seen.iter().map(|(_, s)| s).collect::<Vec<_>>()
+    );
+    let longest = seen.windows(2).map(|w| w[1].0 - w[0].0).max().unwrap();
+    assert!(
+        longest > Duration::from_millis(150),
+        "no step outlasted the step timeout ({longest:?}): the test proves nothing"
+    );
+    let v = Judge::new(None).judge(&ev.report);
+    assert!(v.accepted, "{}", v.summary());
+    assert!(
+        v.notes.iter().any(|n| n.contains(
+            "reference and candidate timed launch by launch, 5 samples (a launch takes 400.0 ms"
+        )),
+        "{:?}",
+        v.notes
+    );
+    assert_eq!(v.shapes[0].candidate_us, Some(400_000.0));
+    assert!(v.shapes[0].timing_plan.as_ref().unwrap().per_launch);
+    assert!(wall < Duration::from_secs(15), "{wall:?}");
+}
+
+/// Against a reference of 400 ms (100 ms of real time), a candidate that never finishes,
+/// and one twenty times slower, are killed at their first launch once it has taken ten
+/// times the reference's launch (1 s), not before, though the step timeout is 150 ms.
+#[test]
+fn a_candidate_far_slower_than_a_slow_reference_is_killed_at_ten_times_its_launch() {
+    let reference = "// kopt-fake: launch-ms 400\n// kopt-fake: real-time 0.25";
+    for (candidate, what) in [
+        ("// kopt-fake: hang", "never finishes"),
+        ("// kopt-fake: launch-ms 8000", "20 times slower"),
+    ] {
+        let mut f = fixture(false);
+        f.engine.worker.step_timeout = Duration::from_millis(150);
+        let job = slow_job(&f, reference, candidate, true);
+        let t0 = Instant::now();
+        let ev = f.engine.evaluate(&job, &mut |_| {});
+        let wall = t0.elapsed();
+        match &ev.report {
+            Err(WorkerFailure::Hang {
+                step,
+                seconds,
+                expected_s,
+            }) => {
+                assert!(
+                    step.ends_with("check (declared): candidate"),
+                    "{what}: {step}"
+                );
+                let e = expected_s.expect("the step's expected duration");
+                assert!((e - 0.1).abs() < 1e-9, "{what}: {e}");
+                assert!((seconds - 1.0).abs() < 1e-6, "{what}: {seconds}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+        assert!(
+            wall >= Duration::from_secs(1) && wall < Duration::from_secs(6),
+            "{what}: {wall:?}"
+        );
+        let v = Judge::new(None).judge(&ev.report);
+        assert_eq!(v.fences(), vec![Fence::Hang], "{what}");
+        assert!(
+            v.summary().contains("the limit is 10 times that"),
+            "{what}: {}",
+            v.summary()
+        );
+    }
+}
+
+/// A candidate three times slower than a reference of 100 ms (real time) takes longer than
+/// the step timeout of 200 ms at every launch, and is still checked: its launches may take
+/// ten times the reference's.
+#[test]
+fn a_candidate_slower_than_the_step_timeout_is_given_ten_times_the_references_launch() {
+    let mut f = fixture(false);
+    f.engine.worker.step_timeout = Duration::from_millis(200);
+    let job = slow_job(
+        &f,
+        "// kopt-fake: launch-ms 400\n// kopt-fake: real-time 0.25",
+        "// kopt-fake: launch-ms 1200",
+        false,
+    );
+    let v = judge(&mut f, &job);
+    assert!(v.accepted, "{}", v.summary());
 }
 
 #[test]
@@ -375,6 +545,43 @@ fn verify_and_bench_commands_on_the_fake_device() {
         0,
         "corrupt variants are not usable"
     );
+}
+
+/// `cargo kopt bench` of a kernel of 412.3 ms a launch (the fake device's time) states the
+/// time in milliseconds and how it was taken.
+#[test]
+fn bench_states_the_time_of_a_slow_kernel_and_how_it_was_timed() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let src = "kernels/softmax.cu";
+    ws.write(
+        src,
+        &format!("{}// kopt-fake: launch-ms 412.3\n", ws.read(src)),
+    );
+    let o = ws
+        .kopt_on_fake(&exe(), &["bench", "softmax"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("412.3 ms"), "{out}");
+    assert!(
+        out.contains(
+            "timing: median per launch (each launch timed alone between events over 1 input set(s), L2 cold)"
+        ),
+        "{out}"
+    );
+    let o = ws
+        .kopt_on_fake(&exe(), &["bench", "softmax", "--message-format", "json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let b: kopt_report::BenchFile = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(b.rows.len(), 4);
+    for r in &b.rows {
+        assert_eq!(r.active, "reference");
+        assert!((r.active_us.unwrap() - 412_300.0).abs() < 1e-6, "{r:?}");
+        assert!(r.problem.is_none(), "{r:?}");
+    }
 }
 
 #[test]

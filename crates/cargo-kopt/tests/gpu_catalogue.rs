@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use cargo_kopt::eval::{self, Settings};
 use cargo_kopt::gather;
 use kopt_engine::engine::Engine;
-use kopt_engine::job::{KernelVersion, TimingPolicy};
+use kopt_engine::job::{KernelVersion, ShapeCase, TimingPolicy};
 use kopt_engine::parent::WorkerCommand;
 use kopt_engine::sanitizer::{self, SanitizerResult};
 use kopt_engine::verdict::{Fence, Judge};
@@ -465,4 +465,131 @@ fn a_cluster_set_at_launch_reaches_the_kernel() {
         !verdicts[1].correct(),
         "without the rule's cluster the kernel should trap"
     );
+}
+
+/// The most common first kernel: one thread per row, three serial passes over it.
+const NAIVE_SOFTMAX: &str = r#"
+extern "C" __global__ void softmax_f32(const float* __restrict__ x, float* __restrict__ y,
+                                       unsigned int rows, unsigned int cols) {
+    const unsigned int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    const float* xr = x + (size_t)row * cols;
+    float* yr = y + (size_t)row * cols;
+    float m = __int_as_float(0xff800000);
+    for (unsigned int c = 0; c < cols; ++c) m = fmaxf(m, xr[c]);
+    float s = 0.0f;
+    for (unsigned int c = 0; c < cols; ++c) s += expf(xr[c] - m);
+    for (unsigned int c = 0; c < cols; ++c) yr[c] = expf(xr[c] - m) / s;
+}
+"#;
+
+/// A naive softmax (one thread per row) over 8192 rows of 50257 fp32 columns takes
+/// hundreds of milliseconds a launch on an H200. Timed against itself through the engine,
+/// as `cargo kopt bench` times a kernel without variants, under the default step timeout
+/// of 30 s: it is measured launch by launch with few samples and the method stated, not
+/// called a hang.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_naive_softmax_of_hundreds_of_milliseconds_is_measured_not_called_a_hang() {
+    if !kopt::gpu::available_for_test() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let g = gathered(scratch.path());
+    let k = softmax_of(&g);
+    let mut engine = Engine::new(
+        WorkerCommand::cuda(worker_program(), 0),
+        None,
+        kopt_engine::ceilings::CeilingsCache::at(scratch.path().join("ceilings.json")),
+    );
+    assert_eq!(
+        engine.worker.step_timeout,
+        std::time::Duration::from_secs(30)
+    );
+    let names = k.spec.int_names();
+    let kinds = |n: &str| k.spec.var_kind_with(n, &[]);
+    let mut naive = KernelVersion {
+        id: "naive".into(),
+        source: NAIVE_SOFTMAX.into(),
+        ..KernelVersion::reference(&k.spec, "")
+    };
+    naive.launch.grid[0] = kopt_spec::expr::parse_str(
+        "(rows + 255) / 256",
+        kopt_spec::expr::Ty::Int,
+        &kinds,
+        &names,
+    )
+    .unwrap();
+    let mut job = eval::job(&g, k, naive.clone(), None, &Settings::default(), true);
+    job.reference = KernelVersion {
+        id: "reference".into(),
+        ..naive
+    };
+    let values: std::collections::BTreeMap<String, kopt_spec::spec::Number> = [
+        ("rows".to_string(), kopt_spec::spec::Number::Int(8192)),
+        ("cols".to_string(), kopt_spec::spec::Number::Int(50257)),
+    ]
+    .into();
+    job.shapes = vec![ShapeCase {
+        label: "cols=50257 rows=8192".into(),
+        values,
+        held_out: false,
+        timed: true,
+    }];
+    let t0 = std::time::Instant::now();
+    let ev = engine.evaluate(&job, &mut |step| {
+        println!("{:>7.1} s  {step}", t0.elapsed().as_secs_f64())
+    });
+    let wall = t0.elapsed();
+    let verdict = Judge::new(None).judge(&ev.report);
+    println!("{} ({:.1} s in all)", verdict.summary(), wall.as_secs_f64());
+    for n in &verdict.notes {
+        println!("note: {n}");
+    }
+    let report = ev
+        .report
+        .as_ref()
+        .unwrap_or_else(|e| panic!("the naive softmax was not measured: {e}"));
+    let shape = &report.shapes[0];
+    assert!(shape.error.is_none(), "{:?}", shape.error);
+    for (who, l) in [
+        ("reference", &shape.reference),
+        ("candidate", &shape.candidate),
+    ] {
+        let l = l.as_ref().unwrap();
+        let t = l.timing.as_ref().expect("timed");
+        let p = l.timing_plan.as_ref().expect("a timing plan");
+        println!(
+            "{who}: {} median over {} samples ({}; {})",
+            kopt_engine::stats::duration_text(t.median_us),
+            t.samples,
+            t.method,
+            p.reason
+        );
+        assert!(
+            t.median_us > kopt_engine::job::PER_LAUNCH_ABOVE_US,
+            "{who}: {} µs is not the slow kernel this test is about",
+            t.median_us
+        );
+        assert!(p.per_launch && t.launches_per_sample == 1, "{who}: {p:?}");
+        assert!(
+            t.samples >= kopt_engine::job::MIN_SLOW_SAMPLES,
+            "{who}: {t:?}"
+        );
+        assert!(
+            t.method.starts_with("each launch timed alone"),
+            "{}",
+            t.method
+        );
+    }
+    assert!(verdict.correct(), "{:?}", verdict.failures);
+    assert!(
+        verdict
+            .notes
+            .iter()
+            .any(|n| n.contains("timed launch by launch")),
+        "{:?}",
+        verdict.notes
+    );
+    assert!(wall < std::time::Duration::from_secs(300), "{wall:?}");
 }

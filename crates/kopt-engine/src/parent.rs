@@ -1,7 +1,13 @@
 //! The parent's side of a worker: start it, speak the protocol, watch it. A worker that
-//! stops sending messages for longer than the step timeout is killed (a hung kernel); one
+//! stops sending messages for longer than the step's limit is killed (a hung kernel); one
 //! that dies is reported with its exit status and the end of its stderr. Either way the
 //! next request starts a fresh worker.
+//!
+//! The limit of a step is the step timeout, or [`HANG_FACTOR`] times the duration the
+//! worker expects for the step (from the reference's measured launch time) where that is
+//! longer: a reference of seconds a launch is given the time it needs, and a candidate
+//! that takes more than ten times the reference's time for the same work, and more than
+//! the step timeout, is still killed within that bound.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
@@ -55,11 +61,34 @@ impl WorkerCommand {
     }
 }
 
+/// How many times a step's expected duration (reported by the worker, from the
+/// reference's measured launch time) the parent waits before it calls the step a hang,
+/// when that is longer than the step timeout. Ten: timing noise and a first launch's
+/// extra cost stay far inside it, and a candidate ten times slower than the reference
+/// has no use an optimiser would keep.
+pub const HANG_FACTOR: f64 = 10.0;
+
+/// The longest silence tolerated during a step: `base`, or [`HANG_FACTOR`] times the
+/// step's expected duration where that is longer.
+pub fn step_limit(base: Duration, expected_s: Option<f64>) -> Duration {
+    match expected_s.filter(|e| e.is_finite() && *e > 0.0) {
+        // Capped at a day: a bound, and a value `Duration` can hold.
+        Some(e) => base.max(Duration::from_secs_f64((HANG_FACTOR * e).min(86_400.0))),
+        None => base,
+    }
+}
+
 /// How a request ended when no regular answer came.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkerFailure {
-    /// No message for `seconds` during `step`: the worker was killed.
-    Hang { step: String, seconds: f64 },
+    /// No message for `seconds` during `step`: the worker was killed. `expected_s`: what
+    /// the worker expected the step to take, when it could tell (the limit was then the
+    /// larger of the step timeout and [`HANG_FACTOR`] times it).
+    Hang {
+        step: String,
+        seconds: f64,
+        expected_s: Option<f64>,
+    },
     /// The worker exited without answering.
     Died { status: String, stderr: String },
     /// It answered with an error message.
@@ -71,11 +100,54 @@ pub enum WorkerFailure {
 impl std::fmt::Display for WorkerFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            WorkerFailure::Hang { step, seconds } => write!(f, "no progress for {seconds:.0} s during `{step}`: the kernel never finished (worker killed)"),
-            WorkerFailure::Died { status, stderr } => write!(f, "the worker died ({status}){}", if stderr.is_empty() { String::new() } else { format!(": {stderr}") }),
+            WorkerFailure::Hang {
+                step,
+                seconds,
+                expected_s,
+            } => {
+                write!(
+                    f,
+                    "no progress for {} during `{step}`: the kernel never finished (worker killed)",
+                    seconds_text(*seconds)
+                )?;
+                match expected_s {
+                    Some(e) if HANG_FACTOR * e > *seconds * 0.999 => write!(
+                        f,
+                        "; the reference's measured launch time predicts {} for this step, and the limit is {HANG_FACTOR} times that",
+                        seconds_text(*e)
+                    ),
+                    Some(e) => write!(
+                        f,
+                        "; the reference's measured launch time predicts {} for this step, inside the step timeout (`--step-timeout` raises it)",
+                        seconds_text(*e)
+                    ),
+                    None => write!(f, " (`--step-timeout` raises the limit for a kernel this slow on purpose)"),
+                }
+            }
+            WorkerFailure::Died { status, stderr } => write!(
+                f,
+                "the worker died ({status}){}",
+                if stderr.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {stderr}")
+                }
+            ),
             WorkerFailure::Refused(m) => write!(f, "{m}"),
             WorkerFailure::Start(m) => write!(f, "cannot start the worker: {m}"),
         }
+    }
+}
+
+/// Seconds as a limit reads: whole seconds from 10 s, tenths below (`0.4 s`), thousandths
+/// below a tenth.
+fn seconds_text(s: f64) -> String {
+    if s >= 10.0 {
+        format!("{s:.0} s")
+    } else if s >= 0.1 {
+        format!("{s:.1} s")
+    } else {
+        format!("{s:.3} s")
     }
 }
 
@@ -91,7 +163,8 @@ struct Running {
 pub struct Worker {
     cmd: WorkerCommand,
     running: Option<Running>,
-    /// The longest silence tolerated while a request runs.
+    /// The longest silence tolerated while a request runs, unless the worker expects a
+    /// step to take longer (see [`step_limit`]).
     pub step_timeout: Duration,
     /// Workers started so far (1 + restarts).
     pub starts: u32,
@@ -317,12 +390,16 @@ fn exchange(
     if sent.is_err() {
         return Err(died(r));
     }
+    let mut expected_s: Option<f64> = None;
+    let mut limit = timeout;
     loop {
-        match r.lines.recv_timeout(timeout) {
+        match r.lines.recv_timeout(limit) {
             Ok(line) => match serde_json::from_str::<Message>(&line) {
-                Ok(Message::Progress { step: s }) => {
+                Ok(Message::Progress { step: s, expect_s }) => {
                     progress(&s);
                     step = s;
+                    expected_s = expect_s;
+                    limit = step_limit(timeout, expect_s);
                 }
                 Ok(m) => return Ok(m),
                 // Anything else on stdout (a library printing) is not ours to parse.
@@ -333,7 +410,8 @@ fn exchange(
                 let _ = r.child.wait();
                 return Err(WorkerFailure::Hang {
                     step,
-                    seconds: timeout.as_secs_f64(),
+                    seconds: limit.as_secs_f64(),
+                    expected_s,
                 });
             }
             Err(RecvTimeoutError::Disconnected) => return Err(died(r)),
@@ -361,4 +439,56 @@ fn died(r: &mut Running) -> WorkerFailure {
         .collect::<Vec<_>>()
         .join("\n");
     WorkerFailure::Died { status, stderr }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_is_allowed_ten_times_what_the_reference_predicts_and_never_less_than_the_base() {
+        let base = Duration::from_secs(30);
+        assert_eq!(step_limit(base, None), base);
+        // A launch of 400 ms: the base is longer.
+        assert_eq!(step_limit(base, Some(0.4)), base);
+        // A step of 8 s (a check of a reference of seconds): 80 s.
+        assert_eq!(step_limit(base, Some(8.0)), Duration::from_secs(80));
+        // Nonsense from a worker does not lift or break the limit.
+        for bad in [f64::NAN, f64::INFINITY, -1.0, 0.0] {
+            assert_eq!(step_limit(base, Some(bad)), base, "{bad}");
+        }
+        assert_eq!(step_limit(base, Some(1e12)), Duration::from_secs(86_400));
+    }
+
+    #[test]
+    fn a_hang_says_what_limit_killed_it() {
+        let plain = WorkerFailure::Hang {
+            step: "shape: check (declared): candidate".into(),
+            seconds: 30.0,
+            expected_s: None,
+        };
+        assert_eq!(
+            plain.to_string(),
+            "no progress for 30 s during `shape: check (declared): candidate`: the kernel never finished (worker killed) (`--step-timeout` raises the limit for a kernel this slow on purpose)"
+        );
+        let derived = WorkerFailure::Hang {
+            step: "s: timing (sample 2)".into(),
+            seconds: 80.0,
+            expected_s: Some(8.0),
+        };
+        let text = derived.to_string();
+        assert!(text.contains("no progress for 80 s"), "{text}");
+        assert!(
+            text.contains("predicts 8.0 s for this step, and the limit is 10 times that"),
+            "{text}"
+        );
+        let inside = WorkerFailure::Hang {
+            step: "s".into(),
+            seconds: 0.3,
+            expected_s: Some(0.004),
+        };
+        let text = inside.to_string();
+        assert!(text.contains("no progress for 0.3 s"), "{text}");
+        assert!(text.contains("inside the step timeout"), "{text}");
+    }
 }

@@ -3,19 +3,23 @@
 //!
 //! A worker owns one CUDA context. It answers `Hello` first (protocol version, backend,
 //! device), streams `Progress` before every GPU step so the parent's watchdog can tell a
-//! hang from a long job, and exits after reporting a fault that poisoned its context.
+//! hang from a long job (with the step's expected duration once the reference's launch
+//! time is known, so that a slow reference is given the time it needs), and exits after
+//! reporting a fault that poisoned its context.
 
 use serde::{Deserialize, Serialize};
 
 use crate::compare::OutputComparison;
 use crate::inputs::Variation;
-use crate::job::{EvalJob, Geometry};
+use crate::job::{EvalJob, Geometry, TimingPlan};
 use crate::stats::Timing;
 
 /// Bumped on any incompatible change of the messages below. 3: a job's geometry carries
 /// the cluster set at launch, which a worker of version 2 would ignore and launch without.
 /// 4: the timing policy's minimum graph length, which a worker of version 3 would ignore.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: progress carries the step's expected duration, from which the parent sets the hang
+/// limit; a worker of version 4 would never send it, and slow kernels would be killed.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -46,6 +50,13 @@ pub enum Message {
     },
     Progress {
         step: String,
+        /// How long the step should take, in seconds, where the worker can tell: the
+        /// reference's measured launch time times the launches of the step (a candidate's
+        /// launch counted as one of the reference's). The parent waits
+        /// [`crate::parent::HANG_FACTOR`] times this, and never less than its step
+        /// timeout, before it calls the step a hang.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expect_s: Option<f64>,
     },
     Ceilings {
         ceilings: Ceilings,
@@ -221,6 +232,9 @@ pub struct LaunchFigures {
     pub occupancy: Option<Occupancy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<Timing>,
+    /// How `timing` was taken, chosen from the version's measured launch time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing_plan: Option<TimingPlan>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -6,8 +6,10 @@ use serde::{Deserialize, Serialize};
 /// How a version was timed on one shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Timing {
-    /// `events` (one launch between CUDA events, L2 flushed before each) or
-    /// `graph` (a CUDA graph of `launches_per_sample` launches, replayed).
+    /// How the samples were taken: a CUDA graph of `launches_per_sample` launches,
+    /// replayed (`graph of 32 launches over 5 input set(s), L2 cold`), or, for launches
+    /// too long to replay in a graph, each launch between two CUDA events (`each launch
+    /// timed alone between events ...`, `launches_per_sample` 1).
     pub method: String,
     pub launches_per_sample: u32,
     pub samples: u32,
@@ -20,6 +22,18 @@ pub struct Timing {
     /// Interquartile range over the median.
     #[serde(with = "crate::jsonf")]
     pub spread: f64,
+}
+
+/// A duration given in µs, in the unit that reads best: `4.34 µs`, `412.3 ms`, `8.25 s`.
+pub fn duration_text(us: f64) -> String {
+    let a = us.abs();
+    if !a.is_finite() || a < 1e3 {
+        format!("{us:.2} µs")
+    } else if a < 1e6 {
+        format!("{:.1} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
 }
 
 /// Summarises per-launch sample times (µs).
@@ -165,6 +179,14 @@ mod tests {
         assert_eq!(t.median_us, 10.0);
         assert_eq!((t.min_us, t.max_us), (9.0, 11.0));
         assert!((t.spread - 0.1).abs() < 1e-12, "{}", t.spread);
+    }
+
+    #[test]
+    fn durations_read_in_their_unit() {
+        assert_eq!(duration_text(4.339), "4.34 µs");
+        assert_eq!(duration_text(999.994), "999.99 µs");
+        assert_eq!(duration_text(412_345.0), "412.3 ms");
+        assert_eq!(duration_text(8_250_000.0), "8.25 s");
     }
 
     #[test]

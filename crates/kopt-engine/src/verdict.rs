@@ -87,6 +87,9 @@ pub struct ShapeFigures {
     pub spread: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
+    /// How the candidate was timed, chosen from its measured launch time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing_plan: Option<crate::job::TimingPlan>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registers: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -365,6 +368,7 @@ impl Judge {
             {
                 v.notes.push(note);
             }
+            v.notes.extend(scaled_timing_note(s));
             let mut outputs: BTreeMap<String, (f64, f64)> = BTreeMap::new();
             for c in &s.checks {
                 if !v.seeds.contains(&c.seed) {
@@ -387,6 +391,7 @@ impl Judge {
                 flops_pct,
                 spread: ct.map(|t| t.spread),
                 method: ct.map(|t| t.method.clone()),
+                timing_plan: cand.and_then(|c| c.timing_plan.clone()),
                 registers: report.candidate.attributes.map(|a| a.registers),
                 occupancy_pct: cand.and_then(|c| c.occupancy).map(|o| o.percent()),
                 max_abs_error: max_abs,
@@ -436,6 +441,44 @@ fn first_lines(s: &str, n: usize) -> String {
         out.push_str(&format!("\n... ({} more lines)", lines.len() - n));
     }
     out
+}
+
+/// A note when a version was timed otherwise than by the policy because its launches are
+/// long (launch by launch, a shorter graph, fewer samples): how, and why, so that a
+/// figure of a slow kernel is read as what it is.
+pub fn scaled_timing_note(s: &ShapeReport) -> Option<String> {
+    fn figures(
+        l: &Option<LaunchFigures>,
+    ) -> Option<(&crate::stats::Timing, &crate::job::TimingPlan)> {
+        l.as_ref()
+            .and_then(|l| Some((l.timing.as_ref()?, l.timing_plan.as_ref()?)))
+            .filter(|(_, p)| p.scaled)
+    }
+    let how = |t: &crate::stats::Timing, p: &crate::job::TimingPlan| {
+        format!(
+            "{}, {} samples ({})",
+            if p.per_launch {
+                "launch by launch".to_string()
+            } else {
+                format!("in graphs of {} launches", p.graph_launches)
+            },
+            t.samples,
+            p.reason
+        )
+    };
+    let text = match (figures(&s.reference), figures(&s.candidate)) {
+        (None, None) => return None,
+        (Some((rt, rp)), Some((ct, cp))) if how(rt, rp) == how(ct, cp) => {
+            format!("reference and candidate timed {}", how(ct, cp))
+        }
+        (r, c) => r
+            .map(|(t, p)| format!("reference timed {}", how(t, p)))
+            .into_iter()
+            .chain(c.map(|(t, p)| format!("candidate timed {}", how(t, p))))
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
+    Some(format!("{}: {text}", s.label))
 }
 
 /// A note when a launch's clusters do not all fit on the device at once: the rest of the

@@ -12,10 +12,13 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError};
 use kopt_spec::expr;
 use kopt_spec::spec::{Direction, KernelSpec, Number, Param, ScalarTy, Shape};
 
-use super::Backend;
+use super::{Backend, StepProgress};
 use crate::compare::{compare, OutputComparison};
 use crate::inputs::{self, Bytes, Variation};
-use crate::job::{buffer_dims, EvalJob, Geometry, KernelVersion, ShapeCase, TimingPolicy};
+use crate::job::{
+    buffer_dims, graph_method, graph_reps, EvalJob, Geometry, KernelVersion, ShapeCase, TimingPlan,
+    TimingPolicy,
+};
 use crate::protocol::*;
 use crate::stats::{self, Timing};
 
@@ -42,6 +45,21 @@ pub struct CudaBackend {
     /// The reference's timing graphs: every job of a search times the same reference on
     /// the same shapes, over the same pooled buffers.
     reference_graphs: GraphCache,
+    /// The reference's measured launch time (µs) by function, geometry and shape: the
+    /// expected durations of a shape's steps, and so the parent's hang limits, follow from
+    /// it. Measured once per worker, before the first candidate launch on the shape.
+    reference_launch_us: HashMap<ProbeKey, f64>,
+    /// A parent watches the steps (see [`Backend::set_watched`]).
+    watched: bool,
+}
+
+/// What a reference launch time is kept under: the function (modules are never unloaded,
+/// so its handle names it for the process), the geometry and the shape's arguments.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ProbeKey {
+    function: usize,
+    geometry: Geometry,
+    args: Vec<i64>,
 }
 
 /// Instantiated timing graphs by what they launch: the function (modules are never
@@ -285,6 +303,8 @@ impl CudaBackend {
             differ_flag: None,
             pool: BufferPool::default(),
             reference_graphs: GraphCache::default(),
+            reference_launch_us: HashMap::new(),
+            watched: true,
         })
     }
 
@@ -505,7 +525,7 @@ impl Backend for CudaBackend {
             out.push(CopyTime {
                 bytes: b,
                 timing: stats::summarise(
-                    &format!("{how}: {}", timing_method(reps, sets, cold)),
+                    &format!("{how}: {}", graph_method(reps, sets, cold)),
                     reps as u32,
                     best,
                 ),
@@ -514,8 +534,12 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn evaluate(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> EvalReport {
-        progress("compile");
+    fn set_watched(&mut self, watched: bool) {
+        self.watched = watched;
+    }
+
+    fn evaluate(&mut self, job: &EvalJob, progress: StepProgress) -> EvalReport {
+        progress("compile", None);
         let (rf, reference) = self.compile(&job.reference);
         let (cf, candidate) = self.compile(&job.candidate);
         let mut report = EvalReport {
@@ -548,10 +572,6 @@ impl Backend for CudaBackend {
 }
 
 type ShapeResult = Result<ShapeReport, (ShapeReport, Stop)>;
-
-/// Candidate before the reference, the reference, the candidate after it, and the
-/// inputs the candidate changed.
-type CheckRuns = (Vec<Bytes>, Vec<Bytes>, Vec<Bytes>, Vec<String>);
 
 impl CudaBackend {
     /// A shape's generated inputs, from the cache when this spec, shape, seed and
@@ -657,7 +677,7 @@ impl CudaBackend {
         case: &ShapeCase,
         rf: &CudaFunction,
         cf: &CudaFunction,
-        progress: &mut dyn FnMut(&str),
+        progress: StepProgress,
     ) -> ShapeResult {
         let spec = &job.spec;
         let shape = Shape {
@@ -693,11 +713,13 @@ impl CudaBackend {
             geometry: rg,
             occupancy: occupancy(rf, &rg, &self.info),
             timing: None,
+            timing_plan: None,
         });
         out.candidate = Some(LaunchFigures {
             geometry: cg,
             occupancy: occupancy(cf, &cg, &self.info),
             timing: None,
+            timing_plan: None,
         });
         let elems: Vec<usize> = spec
             .buffers()
@@ -732,6 +754,14 @@ impl CudaBackend {
     }
 
     /// [`Self::run_shape`] on its buffers: the checks, the timing and the re-check.
+    ///
+    /// Every step is announced before it runs, with its expected duration where one
+    /// follows from the reference's launch time: the reference is launched once alone on
+    /// the shape (once per worker, and only when a parent watches: under a profiler the
+    /// entry's first launch stays the candidate's) before the candidate's first launch, and each later
+    /// step's launches are counted at that time, a candidate's launch as one of the
+    /// reference's. No step runs more than one launch of a version or one graph replay
+    /// without a message, so a slow reference never looks like a hang.
     #[allow(clippy::too_many_arguments, clippy::result_large_err)]
     fn run_shape_on(
         &mut self,
@@ -743,9 +773,27 @@ impl CudaBackend {
         elems: &[usize],
         bufs: &mut Buffers,
         mut out: ShapeReport,
-        progress: &mut dyn FnMut(&str),
+        progress: StepProgress,
     ) -> ShapeResult {
         let spec = &job.spec;
+        let label = case.label.as_str();
+        // A step that stops the shape returns the report so far with the reason.
+        macro_rules! step {
+            ($e:expr) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(stop) => return Err((out, stop)),
+                }
+            };
+        }
+        let probe_key = ProbeKey {
+            function: rf.cu_function() as usize,
+            geometry: *rg,
+            args: args.to_vec(),
+        };
+        let mut reference_us = self.reference_launch_us.get(&probe_key).copied();
+        // Each version's launch in the latest check (µs): what the timing is planned from.
+        let mut launch_us = [f64::NAN; 2];
 
         // Two checks with fresh inputs: declared, then shifted distributions. In each, the
         // candidate runs before and after the reference, on poisoned outputs.
@@ -753,32 +801,47 @@ impl CudaBackend {
             (Variation::Declared, job.seeds.first),
             (Variation::Shifted, job.seeds.second),
         ] {
-            progress(&format!("{}: check ({})", case.label, variation.name()));
-            let pristine = match self.inputs_for(spec, case, args, elems, seed, variation) {
-                Ok(p) => p,
-                Err(e) => return Err((out, Stop::Error(format!("inputs: {e}")))),
-            };
-            let r = (|| -> Result<CheckRuns, Stop> {
-                let (c1, modified) =
-                    self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true)?;
-                let (reference, _) =
-                    self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false)?;
-                let (c2, modified2) =
-                    self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true)?;
-                let mut m = modified;
-                m.extend(
-                    modified2
-                        .into_iter()
-                        .filter(|x| !m.contains(x))
-                        .collect::<Vec<_>>(),
+            let check = format!("{label}: check ({})", variation.name());
+            progress(&check, None);
+            let pristine = step!(self
+                .inputs_for(spec, case, args, elems, seed, variation)
+                .map_err(|e| Stop::Error(format!("inputs: {e}"))));
+            if reference_us.is_none() && self.watched {
+                // Before any candidate launch on the shape (its inputs and outputs are
+                // restored and poisoned again before each run below).
+                progress(
+                    &format!("{label}: reference launch (its time sets the hang limits)"),
+                    None,
                 );
-                Ok((c1, reference, c2, m))
-            })();
-            let (c1, reference, c2, modified) = match r {
-                Ok(x) => x,
-                Err(stop) => return Err((out, stop)),
-            };
-            for m in modified {
+                let t = step!(self.launch_alone(spec, rf, rg, &case.values, bufs, &pristine));
+                if self.reference_launch_us.len() >= 1024 {
+                    self.reference_launch_us.clear();
+                }
+                self.reference_launch_us.insert(probe_key.clone(), t);
+                reference_us = Some(t);
+            }
+            let one = reference_us.map(|t| t * 1e-6);
+            progress(&format!("{check}: candidate"), one);
+            let (c1, modified, _) =
+                step!(self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true));
+            progress(&format!("{check}: reference"), one);
+            let (reference, _, r_us) =
+                step!(self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false));
+            // Unwatched, the reference's first run here is its measured launch.
+            let one = Some(*reference_us.get_or_insert(r_us) * 1e-6);
+            progress(&format!("{check}: candidate again"), one);
+            let (c2, modified2, c_us) =
+                step!(self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true));
+            launch_us = [r_us, c_us];
+            progress(&format!("{check}: comparison"), None);
+            let mut m = modified;
+            m.extend(
+                modified2
+                    .into_iter()
+                    .filter(|x| !m.contains(x))
+                    .collect::<Vec<_>>(),
+            );
+            for m in m {
                 if !out.inputs_modified.contains(&m) {
                     out.inputs_modified.push(m);
                 }
@@ -796,11 +859,13 @@ impl CudaBackend {
                 outputs: compare_outputs(spec, args, &c2, &reference),
             });
         }
+        let t_ref = reference_us.unwrap_or(launch_us[0]);
 
         let Some(policy) = job.timing.as_ref().filter(|_| case.timed) else {
             return Ok(out);
         };
-        let mut step = |what: &str| progress(&format!("{}: {what}", case.label));
+        let mut step_progress =
+            |what: &str, expect: Option<f64>| progress(&format!("{label}: {what}"), expect);
         let times = self.time_pair(
             policy,
             spec,
@@ -808,60 +873,54 @@ impl CudaBackend {
             (rf, rg),
             (cf, cg),
             bufs,
-            &mut step,
+            (launch_us, t_ref),
+            &mut step_progress,
         );
-        match times {
-            Ok((tr, tc)) => {
-                out.reference.as_mut().expect("set above").timing = Some(tr);
-                out.candidate.as_mut().expect("set above").timing = Some(tc);
-            }
-            Err(stop) => return Err((out, stop)),
-        }
+        let [(tr, plan_r), (tc, plan_c)] = step!(times);
+        let figures = out.reference.as_mut().expect("set above");
+        figures.timing = Some(tr);
+        figures.timing_plan = Some(plan_r);
+        let figures = out.candidate.as_mut().expect("set above");
+        figures.timing = Some(tc);
+        figures.timing_plan = Some(plan_c);
 
         // Correctness again, on new inputs, after the timing loop.
-        progress(&format!("{}: re-check after timing", case.label));
-        let pristine = match self.inputs_for(
-            spec,
-            case,
-            args,
-            elems,
-            job.seeds.after_timing,
-            Variation::Declared,
-        ) {
-            Ok(p) => p,
-            Err(e) => return Err((out, Stop::Error(format!("inputs: {e}")))),
-        };
-        let r = (|| -> Result<(Vec<Bytes>, Vec<Bytes>), Stop> {
-            let (reference, _) =
-                self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false)?;
-            let (c, _) = self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true)?;
-            Ok((c, reference))
-        })();
-        match r {
-            Ok((c, reference)) => out.checks.push(CheckReport {
-                phase: Phase::AfterTiming,
-                variation: Variation::Declared,
-                seed: job.seeds.after_timing,
-                outputs: compare_outputs(spec, args, &c, &reference),
-            }),
-            Err(stop) => return Err((out, stop)),
-        }
+        let recheck = format!("{label}: re-check after timing");
+        progress(&recheck, None);
+        let pristine = step!(self
+            .inputs_for(
+                spec,
+                case,
+                args,
+                elems,
+                job.seeds.after_timing,
+                Variation::Declared,
+            )
+            .map_err(|e| Stop::Error(format!("inputs: {e}"))));
+        let one = Some(t_ref * 1e-6);
+        progress(&format!("{recheck}: reference"), one);
+        let (reference, _, _) =
+            step!(self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false));
+        progress(&format!("{recheck}: candidate"), one);
+        let (c, _, _) = step!(self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true));
+        progress(&format!("{recheck}: comparison"), None);
+        out.checks.push(CheckReport {
+            phase: Phase::AfterTiming,
+            variation: Variation::Declared,
+            seed: job.seeds.after_timing,
+            outputs: compare_outputs(spec, args, &c, &reference),
+        });
         Ok(out)
     }
 
-    /// Uploads pristine inputs, poisons outputs, launches once, synchronises, and returns
-    /// the outputs (and, when `check_inputs`, the input buffers the kernel changed).
-    #[allow(clippy::too_many_arguments)]
-    fn run_once(
+    /// Restores every buffer of a run: inputs from their pristine device copies, outputs
+    /// from the poison.
+    fn restore(
         &mut self,
         spec: &KernelSpec,
-        f: &CudaFunction,
-        g: &Geometry,
-        values: &BTreeMap<String, Number>,
         bufs: &mut Buffers,
         pristine: &Pristine,
-        check_inputs: bool,
-    ) -> Result<(Vec<Bytes>, Vec<String>), Stop> {
+    ) -> Result<(), Stop> {
         let s = self.stream.clone();
         for ((b, dev), (n, source)) in spec
             .buffers()
@@ -885,9 +944,42 @@ impl CudaBackend {
                 .map_err(|e| Stop::driver("restore", e))?;
             }
         }
+        Ok(())
+    }
+
+    /// Restores the buffers and times one launch between events (µs), downloading nothing.
+    fn launch_alone(
+        &mut self,
+        spec: &KernelSpec,
+        f: &CudaFunction,
+        g: &Geometry,
+        values: &BTreeMap<String, Number>,
+        bufs: &mut Buffers,
+        pristine: &Pristine,
+    ) -> Result<f64, Stop> {
+        self.restore(spec, bufs, pristine)?;
         let mut p = params(spec, values, bufs);
-        launch(&s, f, g, &mut p).map_err(|e| Stop::driver("launch", e))?;
-        s.synchronize().map_err(|e| Stop::driver("kernel", e))?;
+        timed_launch(&self.stream, f, g, &mut p)
+    }
+
+    /// Restores pristine inputs, poisons outputs, launches once between events,
+    /// synchronises, and returns the outputs (and, when `check_inputs`, the input buffers
+    /// the kernel changed) with the launch's time in µs.
+    #[allow(clippy::too_many_arguments)]
+    fn run_once(
+        &mut self,
+        spec: &KernelSpec,
+        f: &CudaFunction,
+        g: &Geometry,
+        values: &BTreeMap<String, Number>,
+        bufs: &mut Buffers,
+        pristine: &Pristine,
+        check_inputs: bool,
+    ) -> Result<(Vec<Bytes>, Vec<String>, f64), Stop> {
+        let s = self.stream.clone();
+        self.restore(spec, bufs, pristine)?;
+        let mut p = params(spec, values, bufs);
+        let launch_us = timed_launch(&s, f, g, &mut p)?;
         let mut outputs = Vec::new();
         let mut modified = Vec::new();
         for (((b, dev), host), source) in spec
@@ -919,14 +1011,17 @@ impl CudaBackend {
                 modified.push(b.name.clone());
             }
         }
-        Ok((outputs, modified))
+        Ok((outputs, modified, launch_us))
     }
 
-    /// Times both versions as CUDA-graph replays of back-to-back launches that cycle over
-    /// enough copies of the inputs to exceed twice the L2 (so every launch reads cold
-    /// data), one replay per sample, alternating the two versions so that drift affects
-    /// both alike. Small shapes whose copies cannot exceed the L2 are timed warm, and the
-    /// method says so.
+    /// Times both versions by the plan their measured launch times call for
+    /// ([`TimingPolicy::plan`]): CUDA-graph replays of back-to-back launches that cycle
+    /// over enough copies of the inputs to exceed twice the L2 (so every launch reads cold
+    /// data), or, for a launch too long for a graph, each launch alone between two events,
+    /// cycling over the same copies; one sample of each version in turn, so that drift
+    /// affects both alike. Small shapes whose copies cannot exceed the L2 are timed warm,
+    /// and the method says so. `launch_us`: each version's launch in the last check, and
+    /// the reference's launch time that the steps' expected durations follow from.
     #[allow(clippy::too_many_arguments)]
     fn time_pair(
         &mut self,
@@ -936,14 +1031,17 @@ impl CudaBackend {
         r: (&CudaFunction, &Geometry),
         c: (&CudaFunction, &Geometry),
         base: &Buffers,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<(Timing, Timing), Stop> {
+        (launch_us, reference_us): ([f64; 2], f64),
+        progress: StepProgress,
+    ) -> Result<[(Timing, TimingPlan); 2], Stop> {
         let s = self.stream.clone();
         let per_set: u64 = base.dev.iter().map(|d| d.bytes as u64).sum();
         let (sets, cold) = timing_sets(per_set, self.info.l2_bytes, policy.max_input_sets);
+        // Seconds that `launches` launches take at the reference's measured speed.
+        let expect = |launches: usize| Some(launches as f64 * reference_us * 1e-6);
         // Copies of the inputs (and outputs) for sets 1..: pooled allocations, contents
         // copied afresh every time.
-        progress("timing (setup)");
+        progress("timing (setup)", None);
         let sizes = base.sizes();
         let mut extra: Vec<Buffers> = Vec::with_capacity(sets - 1);
         for _ in 1..sets {
@@ -965,30 +1063,100 @@ impl CudaBackend {
         let all: Vec<&Buffers> = std::iter::once(base).chain(extra.iter()).collect();
         let mut pr: Vec<Params> = all.iter().map(|b| params(spec, values, b)).collect();
         let mut pc: Vec<Params> = all.iter().map(|b| params(spec, values, b)).collect();
-        for _ in 0..policy.warmup {
-            launch(&s, r.0, r.1, &mut pr[0]).map_err(|e| Stop::driver("reference launch", e))?;
-            launch(&s, c.0, c.1, &mut pc[0]).map_err(|e| Stop::driver("candidate launch", e))?;
+        // A first plan from the checks' launches: how many warm-up launches, and which
+        // versions are too slow for a graph.
+        let first = policy.plan(launch_us, sets);
+        let (wr, wc) = (first[0].warmup, first[1].warmup);
+        progress("timing (warm-up)", expect((wr + wc) as usize));
+        for i in 0..wr.max(wc) {
+            if i < wr {
+                launch(&s, r.0, r.1, &mut pr[0])
+                    .map_err(|e| Stop::driver("reference launch", e))?;
+            }
+            if i < wc {
+                launch(&s, c.0, c.1, &mut pc[0])
+                    .map_err(|e| Stop::driver("candidate launch", e))?;
+            }
         }
         s.synchronize().map_err(|e| Stop::driver("warm-up", e))?;
-        let est =
-            estimate_us(&s, r.0, r.1, &mut pr[0])?.min(estimate_us(&s, c.0, c.1, &mut pc[0])?);
-        let reps = graph_reps(policy, est, sets);
-        progress("timing (graph capture)");
-        let reference_key = GraphCache::key(r.0, r.1, &pr, reps);
-        let gr = match self.reference_graphs.take(&reference_key) {
-            Some(g) => g,
-            None => capture(&s, r.0, r.1, &mut pr, reps)?,
+        // The graph's length comes, as it always has, from a few back-to-back launches;
+        // so does the choice of a graph, unless a single launch already took long enough
+        // to settle it (one slowed by a hiccup is estimated again).
+        let estimated = [0, 1].map(|i| !first[i].per_launch || launch_us[i] <= ESTIMATE_UP_TO_US);
+        let count = estimated.iter().filter(|e| **e).count();
+        if count > 0 {
+            progress("timing (estimate)", expect(ESTIMATE_LAUNCHES * count));
+        }
+        let est_r = match estimated[0] {
+            true => estimate_us(&s, r.0, r.1, &mut pr[0])?,
+            false => launch_us[0],
         };
-        let gc = capture(&s, c.0, c.1, &mut pc, reps)?;
-        progress("timing (replays)");
-        let samples = replay_until_stable(&s, &[&gr, &gc], reps, policy)?;
-        let method = timing_method(reps, sets, cold);
-        let figures = (
-            stats::summarise(&method, reps as u32, &samples[0]),
-            stats::summarise(&method, reps as u32, &samples[1]),
-        );
+        let est_c = match estimated[1] {
+            true => estimate_us(&s, c.0, c.1, &mut pc[0])?,
+            false => launch_us[1],
+        };
+        let plan = policy.plan([est_r, est_c], sets);
+        let reps = plan
+            .iter()
+            .find(|p| !p.per_launch)
+            .map_or(0, |p| p.graph_launches as usize);
+        if reps > 0 {
+            progress("timing (graph capture)", None);
+        }
+        let reference_key = GraphCache::key(r.0, r.1, &pr, reps);
+        let gr = match plan[0].per_launch {
+            true => None,
+            false => Some(match self.reference_graphs.take(&reference_key) {
+                Some(g) => g,
+                None => capture(&s, r.0, r.1, &mut pr, reps)?,
+            }),
+        };
+        let gc = match plan[1].per_launch {
+            true => None,
+            false => Some(capture(&s, c.0, c.1, &mut pc, reps)?),
+        };
+        let round_launches: usize = plan.iter().map(|p| p.graph_launches as usize).sum();
+        let per_launch_any = plan.iter().any(|p| p.per_launch);
+        if !per_launch_any {
+            // One message for the whole sampling: an untimed replay of each graph, rounds
+            // up to the minimum or the budget, and one round past it.
+            let round_s = expect(round_launches).unwrap_or(0.0);
+            progress(
+                "timing (replays)",
+                Some(
+                    (plan[0].min_samples as f64 * round_s).max(plan[0].max_seconds) + 2.0 * round_s,
+                ),
+            );
+        }
+        let samples = {
+            let mut samplers = [
+                Sampler::of(gr.as_ref(), reps, r, &mut pr),
+                Sampler::of(gc.as_ref(), reps, c, &mut pc),
+            ];
+            let rule = Rule::of_plan(&plan[0], policy.target_spread);
+            // Launches timed one by one send a message each round, at the reference's
+            // time for the round's launches.
+            let mut heartbeat = |round: usize| {
+                if per_launch_any {
+                    progress(&format!("timing (sample {round})"), expect(round_launches));
+                }
+            };
+            sample_until_stable(&s, &mut samplers, &rule, &mut heartbeat)?
+        };
+        let figures = [0, 1].map(|i| {
+            (
+                stats::summarise(
+                    &plan[i].method(sets, cold),
+                    plan[i].graph_launches,
+                    &samples[i],
+                ),
+                plan[i].clone(),
+            )
+        });
         drop(gc);
-        self.reference_graphs.put(reference_key, gr);
+        if let Some(gr) = gr {
+            self.reference_graphs.put(reference_key, gr);
+        }
         // Last taken, first reused: put back in reverse, so the next job takes the same
         // sets in the same order and finds the reference's graph.
         for set in extra.into_iter().rev() {
@@ -1016,31 +1184,32 @@ fn timing_sets(per_set: u64, l2_bytes: u64, max_sets: u32) -> (usize, bool) {
     (sets, per_set * sets as u64 >= twice_l2)
 }
 
-/// Launches per graph replay: enough that the replay's own overhead is noise; a power of
-/// two (times the sets), so that the reference's graph of the last job is reused when the
-/// candidates' speeds are alike.
-fn graph_reps(policy: &TimingPolicy, estimate_us: f64, sets: usize) -> usize {
-    let reps = ((policy.graph_target_us / estimate_us.max(0.5)).ceil() as usize)
-        .next_power_of_two()
-        .max(policy.min_graph_launches as usize)
-        .clamp(sets, 2048);
-    reps.div_ceil(sets) * sets
-}
-
-fn timing_method(reps: usize, sets: usize, cold: bool) -> String {
-    format!(
-        "graph of {reps} launches over {sets} input set(s), L2 {}",
-        if cold { "cold" } else { "warm" }
-    )
-}
-
 fn event(s: &Arc<CudaStream>) -> Result<cudarc::driver::CudaEvent, Stop> {
     s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
         .map_err(|e| Stop::driver("event", e))
 }
 
+/// One launch between two events, waited for: its time in µs. For launches of
+/// milliseconds, what the events add (the host's submission of the launch) is noise.
+fn timed_launch(
+    s: &Arc<CudaStream>,
+    f: &CudaFunction,
+    g: &Geometry,
+    p: &mut Params,
+) -> Result<f64, Stop> {
+    let e0 = event(s)?;
+    launch(s, f, g, p).map_err(|e| Stop::driver("launch", e))?;
+    let e1 = event(s)?;
+    e1.synchronize().map_err(|e| Stop::driver("kernel", e))?;
+    Ok(e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64 * 1e3)
+}
+
 /// Launches between the events of [`estimate_us`].
 const ESTIMATE_LAUNCHES: usize = 4;
+
+/// A version whose single launch in the checks took longer than this (µs) is timed
+/// launch by launch on that figure alone, without the estimate's four more launches.
+const ESTIMATE_UP_TO_US: f64 = 20_000.0;
 
 /// µs per launch of a few back-to-back launches between events: a first estimate that
 /// sizes the timing graph. Not one launch: the events would then also time whatever
@@ -1064,6 +1233,63 @@ fn estimate_us(
     Ok(ms * 1e3 / ESTIMATE_LAUNCHES as f64)
 }
 
+/// One version's samples: replays of its timing graph of `reps` launches, or its
+/// launches one by one over its input sets.
+enum Sampler<'a> {
+    Graph {
+        graph: &'a cudarc::driver::CudaGraph,
+        reps: usize,
+    },
+    Launches {
+        f: &'a CudaFunction,
+        g: &'a Geometry,
+        params: &'a mut [Params],
+    },
+}
+
+impl<'a> Sampler<'a> {
+    /// Replays of `graph` when there is one, else launches one by one over `params`.
+    fn of(
+        graph: Option<&'a cudarc::driver::CudaGraph>,
+        reps: usize,
+        (f, g): (&'a CudaFunction, &'a Geometry),
+        params: &'a mut [Params],
+    ) -> Self {
+        match graph {
+            Some(graph) => Sampler::Graph { graph, reps },
+            None => Sampler::Launches { f, g, params },
+        }
+    }
+}
+
+/// When sampling stops (see [`stats::should_stop`]).
+struct Rule {
+    min_samples: u32,
+    max_samples: u32,
+    target_spread: f64,
+    max_seconds: f64,
+}
+
+impl Rule {
+    fn of_policy(p: &TimingPolicy) -> Self {
+        Rule {
+            min_samples: p.min_samples,
+            max_samples: p.max_samples,
+            target_spread: p.target_spread,
+            max_seconds: p.max_seconds,
+        }
+    }
+
+    fn of_plan(p: &TimingPlan, target_spread: f64) -> Self {
+        Rule {
+            min_samples: p.min_samples,
+            max_samples: p.max_samples,
+            target_spread,
+            max_seconds: p.max_seconds,
+        }
+    }
+}
+
 /// Per-launch samples (µs) of each graph of `reps` launches: one untimed replay each,
 /// then one replay per sample, alternating the graphs so that drift affects them alike,
 /// until every series is stable by `policy` (or its sample and time limits).
@@ -1073,31 +1299,62 @@ fn replay_until_stable(
     reps: usize,
     policy: &TimingPolicy,
 ) -> Result<Vec<Vec<f64>>, Stop> {
-    let time_graph = |g: &cudarc::driver::CudaGraph| -> Result<f64, Stop> {
+    let mut samplers: Vec<Sampler> = graphs
+        .iter()
+        .map(|&graph| Sampler::Graph { graph, reps })
+        .collect();
+    sample_until_stable(s, &mut samplers, &Rule::of_policy(policy), &mut |_| {})
+}
+
+/// Per-launch samples (µs) of each sampler: one untimed replay of each graph, then one
+/// sample of each in turn, so that drift affects them alike, until every series is
+/// stable by `rule` (or its sample and time limits). `heartbeat(n)` comes before the
+/// n-th round (from 1). Launches timed one by one take their input sets in turn with one
+/// counter for every sampler, so that no launch finds in the L2 the inputs that the
+/// launch before it read.
+fn sample_until_stable(
+    s: &Arc<CudaStream>,
+    samplers: &mut [Sampler],
+    rule: &Rule,
+    heartbeat: &mut dyn FnMut(usize),
+) -> Result<Vec<Vec<f64>>, Stop> {
+    let time_graph = |g: &cudarc::driver::CudaGraph, reps: usize| -> Result<f64, Stop> {
         let e0 = event(s)?;
         g.launch().map_err(|e| Stop::driver("graph launch", e))?;
         let e1 = event(s)?;
         e1.synchronize().map_err(|e| Stop::driver("kernel", e))?;
         Ok(e0.elapsed_ms(&e1).map_err(|e| Stop::driver("event", e))? as f64 * 1e3 / reps as f64)
     };
-    for g in graphs {
-        time_graph(g)?;
+    for sampler in samplers.iter() {
+        if let Sampler::Graph { graph, reps } = sampler {
+            time_graph(graph, *reps)?;
+        }
     }
-    let mut samples = vec![Vec::new(); graphs.len()];
+    let mut samples = vec![Vec::new(); samplers.len()];
+    let mut next_set = 0usize;
     let t0 = Instant::now();
     loop {
-        for (g, out) in graphs.iter().zip(samples.iter_mut()) {
-            out.push(time_graph(g)?);
+        heartbeat(samples[0].len() + 1);
+        for (sampler, out) in samplers.iter_mut().zip(samples.iter_mut()) {
+            out.push(match sampler {
+                Sampler::Graph { graph, reps } => time_graph(graph, *reps)?,
+                Sampler::Launches { f, g, params } => {
+                    let n = params.len();
+                    let us = timed_launch(s, f, g, &mut params[next_set % n])?;
+                    next_set += 1;
+                    us
+                }
+            });
         }
         let el = t0.elapsed().as_secs_f64();
         if samples.iter().all(|v| {
             stats::should_stop(
                 v,
-                policy.min_samples,
-                policy.max_samples,
-                policy.target_spread,
+                rule.min_samples,
+                rule.max_samples,
+                rule.target_spread,
                 el,
-                policy.max_seconds,
+                rule.max_seconds,
             )
         }) {
             return Ok(samples);

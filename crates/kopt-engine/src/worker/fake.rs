@@ -11,7 +11,8 @@
 //! // kopt-fake: nan BUFFER              NaN in that output
 //! // kopt-fake: modifies-input BUFFER   the candidate writes an input
 //! // kopt-fake: fault                   illegal address: the worker exits
-//! // kopt-fake: hang                    never returns (the parent's watchdog must act)
+//! // kopt-fake: hang                    the candidate's first launch never returns (the
+//! //                                    parent's watchdog must act)
 //! // kopt-fake: crash                   the process aborts
 //! // kopt-fake: delay-ms 40              each evaluation takes 40 ms more (interruption tests)
 //! // kopt-fake: wrong-if TOKEN BUFFER    BUFFER is wrong when the version matches TOKEN
@@ -20,7 +21,23 @@
 //! // kopt-fake: jitter F                the candidate's time is (1 + F) times the model's
 //! //                                    on odd evaluations of this job by this worker,
 //! //                                    (1 - F) on even ones: timing noise between jobs
+//! // kopt-fake: launch-ms MS            in a version's own source (the reference's too):
+//! //                                    each launch of it takes MS ms of device time
+//! //                                    (`speedup`, `slower-on`, `time-table` and `jitter`
+//! //                                    then leave the candidate's time alone)
+//! // kopt-fake: real-time F             every launch also takes F times its device time
+//! //                                    of real time (default 0: none), so that the
+//! //                                    parent's hang limits meet a slow device
 //! ```
+//!
+//! **Steps and timing.** The fake device goes through a shape's steps as the GPU does
+//! and announces each with the same expected durations (the reference launched alone
+//! first, once per worker and shape; each check's candidate, reference and candidate
+//! again; the timing; the re-check), its launches taking `real-time` times their device
+//! time. Each version is timed by the plan the policy gives for its device time
+//! ([`crate::job::TimingPolicy::plan`]), sampled under the same stopping rule on the
+//! device's clock, the samples 0.995, 1, 1.005 and 1 times the time in turn (so that the
+//! median is the time itself).
 //!
 //! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs; a one-launch copy
 //! (`copy_times`) at 4000 GB/s plus 2 µs.
@@ -45,22 +62,28 @@
 //! `compile-error` says so and otherwise returns a pseudo-PTX text that depends on the
 //! source, entry and options, as real PTX does; a job carrying PTX is loaded as is.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use kopt_spec::spec::{Direction, Shape};
 
-use super::Backend;
+use super::{Backend, StepProgress};
 use crate::compare::{BadElement, OutputComparison, Rule, Worst};
 use crate::inputs::Variation;
-use crate::job::{EvalJob, Geometry, KernelVersion};
+use crate::job::{EvalJob, Geometry, KernelVersion, TimingPlan, TimingPolicy};
 use crate::protocol::*;
-use crate::stats::summarise;
+use crate::stats::{self, summarise, Timing};
 
 pub struct FakeBackend {
     compiled: BTreeMap<String, ()>,
     device: DeviceInfo,
     /// Evaluations so far of each candidate source (for `jitter`).
     evaluations: BTreeMap<String, u64>,
+    /// References launched alone once on a shape (by source, options and shape), as the
+    /// GPU's worker does before the first candidate launch.
+    probed: BTreeSet<String>,
+    /// A parent watches the steps (see [`Backend::set_watched`]).
+    watched: bool,
 }
 
 impl FakeBackend {
@@ -74,6 +97,8 @@ impl FakeBackend {
             compiled: BTreeMap::new(),
             device: fake_device_on(ordinal),
             evaluations: BTreeMap::new(),
+            probed: BTreeSet::new(),
+            watched: true,
         }
     }
 }
@@ -299,9 +324,20 @@ impl Backend for FakeBackend {
             .collect())
     }
 
-    fn evaluate(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> EvalReport {
+    fn set_watched(&mut self, watched: bool) {
+        self.watched = watched;
+    }
+
+    fn evaluate(&mut self, job: &EvalJob, progress: StepProgress) -> EvalReport {
         let spec = &job.spec;
         let d = Directives::parse(&job.candidate.source);
+        let rd = Directives::parse(&job.reference.source);
+        // Real seconds per second of device time.
+        let clock = [&d, &rd]
+            .iter()
+            .find_map(|d| d.get("real-time")?.1.first()?.parse::<f64>().ok())
+            .filter(|f| f.is_finite() && *f > 0.0)
+            .unwrap_or(0.0);
         let mut report = EvalReport {
             device: self.device.clone(),
             reference: compile(&job.reference, &mut self.compiled),
@@ -331,14 +367,9 @@ impl Backend for FakeBackend {
             .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
             .map_or(1.0, |f| if nth % 2 == 1 { 1.0 + f } else { 1.0 - f });
         for case in &job.shapes {
-            progress(&format!("shape {}", case.label));
+            progress(&format!("shape {}", case.label), None);
             if d.get("crash").is_some() {
                 std::process::abort();
-            }
-            if d.get("hang").is_some() {
-                loop {
-                    std::thread::sleep(std::time::Duration::from_secs(3600));
-                }
             }
             if d.get("fault").is_some() {
                 report.fault = Some("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered (candidate, first check)".into());
@@ -367,6 +398,82 @@ impl Backend for FakeBackend {
                     });
                     continue;
                 }
+            };
+            let base_us = bytes as f64 / 3000e3 + 3.0;
+            let ref_us = launch_ms(&rd)
+                .map(|ms| ms * 1e3)
+                .unwrap_or(base_us * table_factor(&d, &job.reference));
+            let table = table_factor(&d, &job.candidate) / table_factor(&d, &job.reference);
+            let mut factor = table
+                * d.get("speedup")
+                    .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
+                    .map(|s| 1.0 / s)
+                    .unwrap_or(1.0);
+            for w in d.all("slower-on") {
+                if let (Some(pat), Some(f)) =
+                    (w.first(), w.get(1).and_then(|f| f.parse::<f64>().ok()))
+                {
+                    if case.label.contains(pat.as_str()) {
+                        factor = table * f;
+                    }
+                }
+            }
+            let cand_us = match launch_ms(&d) {
+                Some(ms) => ms * 1e3,
+                None => ref_us * factor * jitter,
+            };
+            let device = FakeClock {
+                real_per_device_s: clock,
+                reference_us: ref_us,
+            };
+            // The steps of the GPU's worker, announced with the same expected durations.
+            let label = case.label.as_str();
+            let probe = crate::cache::hash_parts(&[
+                &job.reference.source,
+                &job.reference.compile_options().join(" "),
+                &job.reference.entry,
+                label,
+            ]);
+            if self.watched && self.probed.insert(probe) {
+                progress(
+                    &format!("{label}: reference launch (its time sets the hang limits)"),
+                    None,
+                );
+                device.run(ref_us);
+            }
+            for variation in [Variation::Declared, Variation::Shifted] {
+                let check = format!("{label}: check ({})", variation.name());
+                progress(&check, None);
+                progress(&format!("{check}: candidate"), device.expect(1));
+                if d.get("hang").is_some() {
+                    loop {
+                        std::thread::sleep(Duration::from_secs(3600));
+                    }
+                }
+                device.run(cand_us);
+                progress(&format!("{check}: reference"), device.expect(1));
+                device.run(ref_us);
+                progress(&format!("{check}: candidate again"), device.expect(1));
+                device.run(cand_us);
+                progress(&format!("{check}: comparison"), None);
+            }
+            let timed = job.timing.as_ref().filter(|_| case.timed);
+            let timings = timed.map(|policy| {
+                let mut step =
+                    |what: &str, expect: Option<f64>| progress(&format!("{label}: {what}"), expect);
+                let t = device.time_pair(policy, [ref_us, cand_us], &mut step);
+                let recheck = format!("{label}: re-check after timing");
+                progress(&recheck, None);
+                progress(&format!("{recheck}: reference"), device.expect(1));
+                device.run(ref_us);
+                progress(&format!("{recheck}: candidate"), device.expect(1));
+                device.run(cand_us);
+                progress(&format!("{recheck}: comparison"), None);
+                t
+            });
+            let [(tr, pr), (tc, pc)] = match timings {
+                Some([(tr, pr), (tc, pc)]) => [(Some(tr), Some(pr)), (Some(tc), Some(pc))],
+                None => [(None, None), (None, None)],
             };
             let mut phases = vec![
                 (Phase::BeforeReference, Variation::Declared, job.seeds.first),
@@ -436,33 +543,6 @@ impl Backend for FakeBackend {
                         .any(|b| &b.name == name && b.direction == Direction::In)
                 })
                 .collect();
-            let base_us = bytes as f64 / 3000e3 + 3.0;
-            let ref_us = base_us * table_factor(&d, &job.reference);
-            let table = table_factor(&d, &job.candidate) / table_factor(&d, &job.reference);
-            let mut factor = table
-                * d.get("speedup")
-                    .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
-                    .map(|s| 1.0 / s)
-                    .unwrap_or(1.0);
-            for w in d.all("slower-on") {
-                if let (Some(pat), Some(f)) =
-                    (w.first(), w.get(1).and_then(|f| f.parse::<f64>().ok()))
-                {
-                    if case.label.contains(pat.as_str()) {
-                        factor = table * f;
-                    }
-                }
-            }
-            let timed = job.timing.is_some() && case.timed;
-            let timing = |us: f64| {
-                timed.then(|| {
-                    summarise(
-                        "graph of 10 launches over 1 input set(s), L2 cold",
-                        10,
-                        &[us * 0.995, us, us * 1.005, us],
-                    )
-                })
-            };
             let max_active_clusters = d
                 .get("max-active-clusters")
                 .and_then(|(_, w)| w.first()?.parse::<u32>().ok());
@@ -485,16 +565,128 @@ impl Backend for FakeBackend {
                 reference: Some(LaunchFigures {
                     geometry: rg,
                     occupancy: occupancy(&rg),
-                    timing: timing(ref_us),
+                    timing: tr,
+                    timing_plan: pr,
                 }),
                 candidate: Some(LaunchFigures {
                     geometry: cg,
                     occupancy: occupancy(&cg),
-                    timing: timing(ref_us * factor * jitter),
+                    timing: tc,
+                    timing_plan: pc,
                 }),
             });
         }
         report
+    }
+}
+
+/// A version's `launch-ms`, in ms.
+fn launch_ms(d: &Directives) -> Option<f64> {
+    d.get("launch-ms")
+        .and_then(|(_, w)| w.first()?.parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms > 0.0)
+}
+
+/// The fake device's clock on one shape: real time per device time (`real-time`), and
+/// the reference's launch time the steps' expected durations follow from.
+struct FakeClock {
+    real_per_device_s: f64,
+    reference_us: f64,
+}
+
+impl FakeClock {
+    /// Lets `device_us` of device time pass.
+    fn run(&self, device_us: f64) {
+        let s = device_us * 1e-6 * self.real_per_device_s;
+        if s > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(s.min(3600.0)));
+        }
+    }
+
+    /// The real seconds `launches` launches take at the reference's speed, as the GPU's
+    /// worker announces a step.
+    fn expect(&self, launches: u32) -> Option<f64> {
+        Some(launches as f64 * self.reference_us * 1e-6 * self.real_per_device_s)
+    }
+
+    /// Times a pair whose launches take `launch_us` of device time, as the GPU's worker
+    /// does: planned by the policy (one input set, L2 cold), warmed up, estimated and
+    /// sampled in alternation under the stopping rule on the device's clock.
+    fn time_pair(
+        &self,
+        policy: &TimingPolicy,
+        launch_us: [f64; 2],
+        progress: StepProgress,
+    ) -> [(Timing, TimingPlan); 2] {
+        progress("timing (setup)", None);
+        let plan = policy.plan(launch_us, 1);
+        let (wr, wc) = (plan[0].warmup, plan[1].warmup);
+        progress("timing (warm-up)", self.expect(wr + wc));
+        self.run(wr as f64 * launch_us[0] + wc as f64 * launch_us[1]);
+        let graphed: Vec<usize> = (0..2).filter(|&i| !plan[i].per_launch).collect();
+        let graph_us = |reps: f64| graphed.iter().map(|&i| reps * launch_us[i]).sum::<f64>();
+        if !graphed.is_empty() {
+            progress("timing (estimate)", self.expect(4 * graphed.len() as u32));
+            self.run(graph_us(4.0));
+            progress("timing (graph capture)", None);
+        }
+        let round_launches: u32 = plan.iter().map(|p| p.graph_launches).sum();
+        let round_us: f64 = (0..2)
+            .map(|i| plan[i].graph_launches as f64 * launch_us[i])
+            .sum();
+        let per_launch_any = plan.iter().any(|p| p.per_launch);
+        if !per_launch_any {
+            let round_s = self.expect(round_launches).unwrap_or(0.0);
+            progress(
+                "timing (replays)",
+                Some(
+                    (plan[0].min_samples as f64 * round_s).max(plan[0].max_seconds) + 2.0 * round_s,
+                ),
+            );
+        }
+        // The untimed replay of each graph.
+        self.run(graph_us(
+            plan.iter().map(|p| p.graph_launches).max().unwrap_or(0) as f64,
+        ));
+        const PATTERN: [f64; 4] = [0.995, 1.0, 1.005, 1.0];
+        let mut samples: [Vec<f64>; 2] = Default::default();
+        let mut elapsed_s = 0.0;
+        loop {
+            let n = samples[0].len();
+            if per_launch_any {
+                progress(
+                    &format!("timing (sample {})", n + 1),
+                    self.expect(round_launches),
+                );
+            }
+            for (i, v) in samples.iter_mut().enumerate() {
+                v.push(launch_us[i] * PATTERN[n % PATTERN.len()]);
+            }
+            elapsed_s += round_us * 1e-6;
+            self.run(round_us);
+            if samples.iter().all(|v| {
+                stats::should_stop(
+                    v,
+                    plan[0].min_samples,
+                    plan[0].max_samples,
+                    policy.target_spread,
+                    elapsed_s,
+                    plan[0].max_seconds,
+                )
+            }) {
+                break;
+            }
+        }
+        [0, 1].map(|i| {
+            (
+                summarise(
+                    &plan[i].method(1, true),
+                    plan[i].graph_launches,
+                    &samples[i],
+                ),
+                plan[i].clone(),
+            )
+        })
     }
 }
 

@@ -13,13 +13,23 @@ use crate::protocol::{
 pub mod cuda;
 pub mod fake;
 
+/// Called before every step that touches the device: the step, and how long it should
+/// take in seconds where the reference's measured launch time tells (the parent's hang
+/// limit for the step follows from it; see [`crate::parent::step_limit`]).
+pub type StepProgress<'a> = &'a mut dyn FnMut(&str, Option<f64>);
+
 /// What runs the jobs: the GPU, or the fake device of the tests.
 pub trait Backend {
     fn name(&self) -> &'static str;
     fn device(&self) -> DeviceInfo;
     fn ceilings(&mut self) -> Result<Ceilings, String>;
     /// Runs a job; `progress` is called before every step that touches the device.
-    fn evaluate(&mut self, job: &EvalJob, progress: &mut dyn FnMut(&str)) -> EvalReport;
+    fn evaluate(&mut self, job: &EvalJob, progress: StepProgress) -> EvalReport;
+    /// Whether a parent watches the steps (it does unless the worker runs one job alone,
+    /// under a profiler or compute-sanitizer). Unwatched, the reference is not launched
+    /// alone before the candidate for the hang limits: the first launch of the entry point
+    /// stays the candidate's, the one Nsight Compute profiles.
+    fn set_watched(&mut self, watched: bool);
     /// Times a one-launch copy of each byte count (see [`CopyTime`]).
     fn copy_times(
         &mut self,
@@ -122,7 +132,7 @@ pub fn serve(kind: WorkerKind) -> i32 {
                 }
             }
             Request::CopyTimes { bytes } => {
-                match backend.copy_times(&bytes, &mut progress_message) {
+                match backend.copy_times(&bytes, &mut |step| progress_message(step, None)) {
                     Ok(copies) => send(&mut out, &Message::CopyTimes { copies }),
                     Err(e) => send(&mut out, &Message::Error { message: e }),
                 }
@@ -133,12 +143,14 @@ pub fn serve(kind: WorkerKind) -> i32 {
     0
 }
 
-/// Sends a progress step, so that the parent's watchdog sees a long job move.
-fn progress_message(step: &str) {
+/// Sends a progress step, so that the parent's watchdog sees a long job move, with the
+/// step's expected duration where the backend knows it.
+fn progress_message(step: &str, expect_s: Option<f64>) {
     send(
         &mut std::io::stdout().lock(),
         &Message::Progress {
             step: step.to_string(),
+            expect_s: expect_s.filter(|e| e.is_finite() && *e >= 0.0),
         },
     )
 }
@@ -168,7 +180,8 @@ pub fn oneshot(
             return 2;
         }
     };
-    let report = backend.evaluate(&job, &mut |_| {});
+    backend.set_watched(false);
+    let report = backend.evaluate(&job, &mut |_, _| {});
     let fault = report.fault.is_some();
     let message = Message::Report {
         report: Box::new(report),
