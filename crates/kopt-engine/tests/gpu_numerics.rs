@@ -371,7 +371,7 @@ fn reordered_fp32_layer_norms_pass_against_a_serial_reference_at_16384x4096() {
     let mut checked = 0;
     for seed in 1..=seeds() {
         for c in &candidates {
-            let report = gpu.evaluate(&job(&spec, &reference, c, seed), &mut |_| {});
+            let report = gpu.evaluate(&job(&spec, &reference, c, seed), &mut |_, _| {});
             let verdict = Judge::new(None).judge(&Ok(report.clone()));
             for check in report.shapes.iter().flat_map(|s| &s.checks) {
                 for o in &check.outputs {
@@ -422,13 +422,13 @@ fn a_softmax_that_reduces_its_row_sum_in_fp16_fails_on_the_gpu() {
     let reference = serial_softmax();
     for seed in 1..=3 {
         let fp32 = candidate(&spec, "fp32-shuffles", block_softmax(false), &[]);
-        let report = gpu.evaluate(&job(&spec, &reference, &fp32, seed), &mut |_| {});
+        let report = gpu.evaluate(&job(&spec, &reference, &fp32, seed), &mut |_, _| {});
         let verdict = Judge::new(None).judge(&Ok(report));
         assert!(verdict.accepted, "seed {seed}: {}", verdict.summary());
 
         let fp16 = candidate(&spec, "fp16-sum", block_softmax(true), &[]);
         let verdict = Judge::new(None).judge(&Ok(
-            gpu.evaluate(&job(&spec, &reference, &fp16, seed), &mut |_| {})
+            gpu.evaluate(&job(&spec, &reference, &fp16, seed), &mut |_, _| {})
         ));
         println!("seed {seed}: {}", verdict.summary());
         assert_eq!(
