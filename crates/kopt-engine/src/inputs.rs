@@ -64,6 +64,27 @@ pub fn fill(
     seed: u64,
     variation: Variation,
 ) -> Result<Bytes, String> {
+    // Fixed contents: the same for every seed and variation (only the shape changes them).
+    if let Some(values) = buffer.fixed_values(spec, args) {
+        let values = values?;
+        if values.len() != n {
+            return Err(format!(
+                "`{}`: {} values for a buffer of {n} elements",
+                buffer.name,
+                values.len()
+            ));
+        }
+        let dtype = buffer.dtype;
+        let mut out = vec![0u8; n * dtype.size()];
+        for (cell, &v) in out.chunks_exact_mut(dtype.size()).zip(&values) {
+            if dtype.is_float() {
+                put_float(dtype, cell, v as f64);
+            } else {
+                put_int(dtype, cell, v);
+            }
+        }
+        return Ok(out);
+    }
     let dist = buffer.distribution.clone().unwrap_or(Distribution::Normal {
         mean: 0.0,
         std: 1.0,
@@ -112,6 +133,7 @@ pub fn fill(
                 buffer.name
             ))
         }
+        (Distribution::Values { .. }, true) => unreachable!("fixed contents are written above"),
     };
     let dtype = buffer.dtype;
     let size = dtype.size();

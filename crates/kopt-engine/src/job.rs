@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use kopt_spec::expr::{self, Expr};
 use kopt_spec::files::VariantFile;
-use kopt_spec::spec::{KernelSpec, LaunchRule, Number, Shape};
+use kopt_spec::spec::{ArgValue, KernelSpec, LaunchRule, Number, Shape};
 use serde::{Deserialize, Serialize};
 
 /// One compilable version of a kernel.
@@ -85,6 +85,16 @@ impl KernelVersion {
         kopt_spec::spec::define_options(&self.defines)
             .chain(self.options.iter().cloned())
             .collect()
+    }
+
+    /// The kernel's argument values for this version on a shape: computed arguments
+    /// under this version's launch rule and defines ([`KernelSpec::kernel_arg_values`]).
+    pub fn arg_values(
+        &self,
+        spec: &KernelSpec,
+        values: &BTreeMap<String, Number>,
+    ) -> Result<Vec<ArgValue>, String> {
+        spec.kernel_arg_values(&self.launch, &self.defines, values)
     }
 
     /// Grid, block and dynamic shared memory for one shape.
@@ -396,6 +406,24 @@ fn shape_is_valid(
     }
     if !spec.constraints.iter().all(|c| eval(c) == Some(1)) {
         return false;
+    }
+    // A `values(...)` buffer must get one value per element, and computed arguments must
+    // fit their types, as on the declared shapes.
+    if spec
+        .buffers()
+        .any(|b| matches!(b.fixed_values(spec, args), Some(Err(_))))
+    {
+        return false;
+    }
+    if spec.computed_args().next().is_some() {
+        let values: BTreeMap<String, Number> = spec
+            .scalars()
+            .zip(args)
+            .map(|(s, v)| (s.name.clone(), Number::Int(*v)))
+            .collect();
+        if spec.kernel_arg_values(&spec.launch, defines, &values).is_err() {
+            return false;
+        }
     }
     match region {
         None => true,

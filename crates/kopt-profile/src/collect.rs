@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use kopt_engine::engine::Engine;
 use kopt_engine::job::{EvalJob, KernelVersion};
+use kopt_spec::spec::ArgValue;
 
 use crate::figures::{self, EngineFigures};
 use crate::ncu::{self, Collection};
@@ -107,6 +108,17 @@ pub fn env_of(job: &EvalJob) -> Result<Env, String> {
         .filter_map(|(k, n)| n.as_i64().map(|v| (k.clone(), v)))
         .collect();
     values.extend(job.candidate.defines.iter().map(|(k, v)| (k.clone(), *v)));
+    // Computed kernel arguments are parameters of the source too (`block_size`).
+    let computed = job.candidate.arg_values(&job.spec, &case.values)?;
+    for (a, v) in job.spec.kernel_args().iter().zip(computed) {
+        if let (kopt_spec::spec::KernelArgRef::Computed { def, .. }, ArgValue::Scalar(_, n)) =
+            (a, v)
+        {
+            if let Some(n) = n.as_i64() {
+                values.insert(def.name.clone(), n);
+            }
+        }
+    }
     Ok(Env {
         values,
         block: g.block,

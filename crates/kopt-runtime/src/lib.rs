@@ -32,7 +32,7 @@ pub use compile::{
 };
 pub use error::Error;
 pub use kernel::{
-    disabled, BufferDef, Kernel, KernelDef, Launch, Reason, RegionDef, Selection, UnusableDef,
+    disabled, BufferDef, ComputedArgDef, Kernel, KernelDef, Launch, Reason, RegionDef, Selection, UnusableDef,
     VariantDef, MAX_CONTEXTS,
 };
 pub use kopt_macros::kernel;

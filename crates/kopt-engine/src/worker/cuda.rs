@@ -10,7 +10,7 @@ use std::time::Instant;
 use cudarc::driver::sys::{CUdevice_attribute as A, CUevent_flags, CUresult, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError};
 use kopt_spec::expr;
-use kopt_spec::spec::{Direction, KernelSpec, Number, Param, ScalarTy, Shape};
+use kopt_spec::spec::{ArgValue, Direction, KernelSpec, Number, ScalarTy, Shape};
 
 use super::Backend;
 use crate::compare::{compare, OutputComparison};
@@ -678,6 +678,15 @@ impl CudaBackend {
             (Err(e), _) => return Err((out, Stop::Error(format!("reference geometry: {e}")))),
             (_, Err(e)) => return Err((out, Stop::Error(format!("candidate geometry: {e}")))),
         };
+        // Each version's kernel arguments: computed ones differ with its defines and rule.
+        let (ra, ca) = match (
+            job.reference.arg_values(spec, &case.values),
+            job.candidate.arg_values(spec, &case.values),
+        ) {
+            (Ok(r), Ok(c)) => (r, c),
+            (Err(e), _) => return Err((out, Stop::Error(format!("reference arguments: {e}")))),
+            (_, Err(e)) => return Err((out, Stop::Error(format!("candidate arguments: {e}")))),
+        };
         out.reference = Some(LaunchFigures {
             geometry: rg,
             occupancy: occupancy(rf, &rg, &self.info),
@@ -706,6 +715,7 @@ impl CudaBackend {
             case,
             (rf, &rg),
             (cf, &cg),
+            (&ra, &ca),
             &args,
             &elems,
             &mut bufs,
@@ -728,6 +738,7 @@ impl CudaBackend {
         case: &ShapeCase,
         (rf, rg): (&CudaFunction, &Geometry),
         (cf, cg): (&CudaFunction, &Geometry),
+        (ra, ca): (&[ArgValue], &[ArgValue]),
         args: &[i64],
         elems: &[usize],
         bufs: &mut Buffers,
@@ -749,11 +760,11 @@ impl CudaBackend {
             };
             let r = (|| -> Result<CheckRuns, Stop> {
                 let (c1, modified) =
-                    self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true)?;
+                    self.run_once(spec, cf, cg, ca, bufs, &pristine, true)?;
                 let (reference, _) =
-                    self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false)?;
+                    self.run_once(spec, rf, rg, ra, bufs, &pristine, false)?;
                 let (c2, modified2) =
-                    self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true)?;
+                    self.run_once(spec, cf, cg, ca, bufs, &pristine, true)?;
                 let mut m = modified;
                 m.extend(
                     modified2
@@ -792,8 +803,7 @@ impl CudaBackend {
         let mut step = |what: &str| progress(&format!("{}: {what}", case.label));
         let times = self.time_pair(
             policy,
-            spec,
-            &case.values,
+            (ra, ca),
             (rf, rg),
             (cf, cg),
             bufs,
@@ -822,8 +832,8 @@ impl CudaBackend {
         };
         let r = (|| -> Result<(Vec<Bytes>, Vec<Bytes>), Stop> {
             let (reference, _) =
-                self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false)?;
-            let (c, _) = self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true)?;
+                self.run_once(spec, rf, rg, ra, bufs, &pristine, false)?;
+            let (c, _) = self.run_once(spec, cf, cg, ca, bufs, &pristine, true)?;
             Ok((c, reference))
         })();
         match r {
@@ -846,7 +856,7 @@ impl CudaBackend {
         spec: &KernelSpec,
         f: &CudaFunction,
         g: &Geometry,
-        values: &BTreeMap<String, Number>,
+        kernel_args: &[ArgValue],
         bufs: &mut Buffers,
         pristine: &Pristine,
         check_inputs: bool,
@@ -874,7 +884,7 @@ impl CudaBackend {
                 .map_err(|e| Stop::driver("restore", e))?;
             }
         }
-        let mut p = params(spec, values, bufs);
+        let mut p = params(kernel_args, bufs);
         launch(&s, f, g, &mut p).map_err(|e| Stop::driver("launch", e))?;
         s.synchronize().map_err(|e| Stop::driver("kernel", e))?;
         let mut outputs = Vec::new();
@@ -920,8 +930,7 @@ impl CudaBackend {
     fn time_pair(
         &mut self,
         policy: &TimingPolicy,
-        spec: &KernelSpec,
-        values: &BTreeMap<String, Number>,
+        kernel_args: (&[ArgValue], &[ArgValue]),
         r: (&CudaFunction, &Geometry),
         c: (&CudaFunction, &Geometry),
         base: &Buffers,
@@ -952,8 +961,8 @@ impl CudaBackend {
             }
         }
         let all: Vec<&Buffers> = std::iter::once(base).chain(extra.iter()).collect();
-        let mut pr: Vec<Params> = all.iter().map(|b| params(spec, values, b)).collect();
-        let mut pc: Vec<Params> = all.iter().map(|b| params(spec, values, b)).collect();
+        let mut pr: Vec<Params> = all.iter().map(|b| params(kernel_args.0, b)).collect();
+        let mut pc: Vec<Params> = all.iter().map(|b| params(kernel_args.1, b)).collect();
         for _ in 0..policy.warmup {
             launch(&s, r.0, r.1, &mut pr[0]).map_err(|e| Stop::driver("reference launch", e))?;
             launch(&s, c.0, c.1, &mut pc[0]).map_err(|e| Stop::driver("candidate launch", e))?;
@@ -1148,21 +1157,17 @@ struct Params {
     cells: Vec<u64>,
 }
 
-fn params(spec: &KernelSpec, values: &BTreeMap<String, Number>, bufs: &Buffers) -> Params {
-    let mut cells = Vec::new();
-    let mut bi = 0;
-    for p in &spec.params {
-        match p {
-            Param::Buffer(_) => {
-                cells.push(bufs.dev[bi].ptr);
-                bi += 1;
-            }
-            Param::Scalar(s) => {
-                let v = values.get(&s.name).copied().unwrap_or(Number::Int(0));
-                cells.push(scalar_cell(s.ty, v));
-            }
-        }
-    }
+/// The cells of one launch from the version's kernel arguments
+/// ([`KernelVersion::arg_values`]): launch-only scalars are not among them, computed ones
+/// are.
+fn params(kernel_args: &[ArgValue], bufs: &Buffers) -> Params {
+    let cells = kernel_args
+        .iter()
+        .map(|a| match *a {
+            ArgValue::Buffer(i) => bufs.dev[i].ptr,
+            ArgValue::Scalar(ty, v) => scalar_cell(ty, v),
+        })
+        .collect();
     Params { cells }
 }
 

@@ -20,7 +20,17 @@
 //! // kopt-fake: jitter F                the candidate's time is (1 + F) times the model's
 //! //                                    on odd evaluations of this job by this worker,
 //! //                                    (1 - F) on even ones: timing noise between jobs
+//! // kopt-fake: expect-args x y n=4 b=256  this version must be launched with exactly
+//! //                                    these kernel arguments (buffers by name, scalars
+//! //                                    as name=value), on every shape
+//! // kopt-fake: expect-input BUFFER 4 1 2  that input holds these elements, in both
+//! //                                    checks' variations (fixed contents)
 //! ```
+//!
+//! The fake device builds each version's kernel arguments as the CUDA worker does
+//! ([`KernelVersion::arg_values`]): a failure to compute them, or a version whose
+//! `expect-args`/`expect-input` lines do not match, is a shape error naming what the
+//! version was given.
 //!
 //! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs; a one-launch copy
 //! (`copy_times`) at 4000 GB/s plus 2 µs.
@@ -47,7 +57,7 @@
 
 use std::collections::BTreeMap;
 
-use kopt_spec::spec::{Direction, Shape};
+use kopt_spec::spec::{ArgValue, Direction, KernelSpec, Shape};
 
 use super::Backend;
 use crate::compare::{BadElement, OutputComparison};
@@ -368,6 +378,31 @@ impl Backend for FakeBackend {
                     continue;
                 }
             };
+            let expectations = match (
+                job.reference.arg_values(spec, &case.values),
+                job.candidate.arg_values(spec, &case.values),
+            ) {
+                (Ok(ra), Ok(ca)) => [(&job.reference, ra), (&job.candidate, ca)]
+                    .iter()
+                    .flat_map(|(v, a)| expectations(spec, v, a, &args, job))
+                    .collect::<Vec<String>>(),
+                (Err(e), _) => vec![format!("reference arguments: {e}")],
+                (_, Err(e)) => vec![format!("candidate arguments: {e}")],
+            };
+            if !expectations.is_empty() {
+                report.shapes.push(ShapeReport {
+                    label: case.label.clone(),
+                    held_out: case.held_out,
+                    bytes,
+                    flops: None,
+                    error: Some(expectations.join("; ")),
+                    checks: vec![],
+                    inputs_modified: vec![],
+                    reference: None,
+                    candidate: None,
+                });
+                continue;
+            }
             let mut phases = vec![
                 (Phase::BeforeReference, Variation::Declared, job.seeds.first),
                 (Phase::AfterReference, Variation::Declared, job.seeds.first),
@@ -496,6 +531,79 @@ impl Backend for FakeBackend {
         }
         report
     }
+}
+
+/// `x y ncols=1000 block_size=256`: a version's kernel arguments as `expect-args` writes them.
+pub fn render_args(spec: &KernelSpec, values: &[ArgValue]) -> String {
+    spec.kernel_args()
+        .iter()
+        .zip(values)
+        .map(|(a, v)| match v {
+            ArgValue::Buffer(_) => a.name().to_string(),
+            ArgValue::Scalar(_, n) => format!("{}={n}", a.name()),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What a version's `expect-args` and `expect-input` lines find wrong with its launch.
+fn expectations(
+    spec: &KernelSpec,
+    v: &KernelVersion,
+    values: &[ArgValue],
+    args: &[i64],
+    job: &EvalJob,
+) -> Vec<String> {
+    let d = Directives::parse(&v.source);
+    let mut out = Vec::new();
+    if let Some((_, want)) = d.get("expect-args") {
+        let got = render_args(spec, values);
+        if got != want.join(" ") {
+            out.push(format!(
+                "fake device: `{}` was launched with arguments `{got}`, but its source expects `{}`",
+                v.id,
+                want.join(" ")
+            ));
+        }
+    }
+    for w in d.all("expect-input") {
+        let Some((name, want)) = w.split_first() else {
+            continue;
+        };
+        let Some((index, b)) = spec.buffers().enumerate().find(|(_, b)| &b.name == name) else {
+            out.push(format!("fake device: `{}` expects an input `{name}` the spec does not declare", v.id));
+            continue;
+        };
+        let n = spec
+            .compile_expr(&b.len, &BTreeMap::new())
+            .ok()
+            .and_then(|p| kopt_spec::expr::eval(&p, args).ok())
+            .unwrap_or(0)
+            .max(0) as usize;
+        for (variation, seed) in [
+            (Variation::Declared, job.seeds.first),
+            (Variation::Shifted, job.seeds.second),
+        ] {
+            let got = crate::inputs::fill(b, spec, args, n, seed ^ index as u64, variation)
+                .map(|bytes| {
+                    (0..n)
+                        .map(|i| crate::inputs::element(b.dtype, &bytes, i).to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                });
+            match got {
+                Ok(got) if got == want.join(" ") => {}
+                Ok(got) => out.push(format!(
+                    "fake device: `{}` read `{name}` = `{got}` ({} inputs), but its source expects `{}`",
+                    v.id,
+                    variation.name(),
+                    want.join(" ")
+                )),
+                Err(e) => out.push(format!("fake device: inputs of `{name}`: {e}")),
+            }
+        }
+    }
+    out
 }
 
 fn fake_comparison(
