@@ -421,7 +421,10 @@ fn shape_is_valid(
             .zip(args)
             .map(|(s, v)| (s.name.clone(), Number::Int(*v)))
             .collect();
-        if spec.kernel_arg_values(&spec.launch, defines, &values).is_err() {
+        if spec
+            .kernel_arg_values(&spec.launch, defines, &values)
+            .is_err()
+        {
             return false;
         }
     }
@@ -596,6 +599,37 @@ mod tests {
             assert!(!shapes.is_empty());
             assert!(!odd(&shapes), "{shapes:?}");
         }
+    }
+
+    #[test]
+    fn held_out_shapes_keep_fixed_contents_and_computed_arguments_valid() {
+        let item = kopt_spec::spec::parse_item(
+            "fn k(s: &CudaStream, info: &CudaSlice<u32>, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32, n: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        // `info` holds exactly 2 values: a shape with another `n` cannot be filled. `total`
+        // is an i32: a shape with more than 2^31 elements cannot be launched.
+        let spec = kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", info: [n] values(rows, cols), x: [rows * cols], y: [rows * cols], args = (info, x, y, total: i32 = rows * cols), grid = rows, block = 256, shapes = [{ rows: 32768, cols: 65535, n: 2 }, { rows: 64, cols: 4096, n: 2 }]"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0;
+        let mut seen = 0;
+        for seed in 0..10 {
+            for s in held_out_shapes(&spec, None, seed, 4, u64::MAX) {
+                seen += 1;
+                assert_eq!(s.values["n"], Number::Int(2), "{s:?}");
+                let rows = s.values["rows"].as_i64().unwrap();
+                let cols = s.values["cols"].as_i64().unwrap();
+                assert!(rows * cols <= i32::MAX as i64, "{s:?}");
+            }
+        }
+        assert!(seen > 20, "{seen}");
     }
 
     #[test]

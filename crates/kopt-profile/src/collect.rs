@@ -519,3 +519,44 @@ fn code(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kopt_engine::job::{Seeds, ShapeCase};
+
+    /// The source's trip counts read kernel parameters by name: a computed `block_size` is
+    /// one, with the candidate's value (its own block).
+    #[test]
+    fn the_launch_environment_holds_computed_arguments() {
+        let item = kopt_spec::spec::parse_item(
+            "fn softmax(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, ncols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        let spec = kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", entry = \"softmax_f32\", x: [rows * ncols], y: [rows * ncols], args = (x, y, ncols, block_size: i32 = block_x), grid = rows, block = BLOCK, shapes = [{ rows: 8, ncols: 1000 }], tunables = { BLOCK: 256 in [256, 512] }"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0;
+        let reference = KernelVersion::reference(&spec, "");
+        let mut candidate = reference.clone();
+        candidate.defines.insert("BLOCK".into(), 512);
+        let job = EvalJob {
+            shapes: vec![ShapeCase::declared(&spec.shapes[0])],
+            spec,
+            reference,
+            candidate,
+            seeds: Seeds::from_base(1),
+            timing: None,
+        };
+        let env = env_of(&job).unwrap();
+        assert_eq!(env.values.get("block_size"), Some(&512));
+        assert_eq!(env.values.get("ncols"), Some(&1000));
+        assert_eq!(env.block, [512, 1, 1]);
+    }
+}

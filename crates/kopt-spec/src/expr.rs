@@ -393,10 +393,14 @@ impl Expr {
             Expr::Int(i) => Expr::Int(*i),
             Expr::Var(v) => with(v).unwrap_or_else(|| Expr::Var(v.clone())),
             Expr::Unary(op, x) => Expr::Unary(*op, Box::new(x.substitute(with))),
-            Expr::Binary(op, a, b) => {
-                Expr::Binary(*op, Box::new(a.substitute(with)), Box::new(b.substitute(with)))
+            Expr::Binary(op, a, b) => Expr::Binary(
+                *op,
+                Box::new(a.substitute(with)),
+                Box::new(b.substitute(with)),
+            ),
+            Expr::Call(f, args) => {
+                Expr::Call(*f, args.iter().map(|a| a.substitute(with)).collect())
             }
-            Expr::Call(f, args) => Expr::Call(*f, args.iter().map(|a| a.substitute(with)).collect()),
             Expr::If(c, t, e) => Expr::If(
                 Box::new(c.substitute(with)),
                 Box::new(t.substitute(with)),

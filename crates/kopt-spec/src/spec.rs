@@ -242,7 +242,11 @@ impl Buffer {
     /// `None` for a buffer drawn at random. An error names what is wrong: an expression
     /// that cannot be evaluated, fewer or more values than the buffer's length, or a value
     /// the element type cannot hold exactly.
-    pub fn fixed_values(&self, spec: &KernelSpec, args: &[i64]) -> Option<Result<Vec<i64>, String>> {
+    pub fn fixed_values(
+        &self,
+        spec: &KernelSpec,
+        args: &[i64],
+    ) -> Option<Result<Vec<i64>, String>> {
         let Some(Distribution::Values { values }) = &self.distribution else {
             return None;
         };
@@ -260,8 +264,15 @@ impl Buffer {
                     self.len
                 ));
             }
-            let out = values.iter().map(eval).collect::<Result<Vec<i64>, String>>()?;
-            if let Some((i, v)) = out.iter().enumerate().find(|(_, v)| !self.dtype.holds_exactly(**v)) {
+            let out = values
+                .iter()
+                .map(eval)
+                .collect::<Result<Vec<i64>, String>>()?;
+            if let Some((i, v)) = out
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !self.dtype.holds_exactly(**v))
+            {
                 return Err(format!(
                     "buffer `{}`: value {} (`{}`) is {v}, which {} cannot hold exactly",
                     self.name,
@@ -1897,7 +1908,11 @@ fn build_args(
                 Param::Scalar(s) => Some((s.name.as_str(), "parameter", param_span(&s.name))),
                 Param::Buffer(_) => None,
             })
-            .chain(tunable_spans.iter().map(|(n, s)| (n.as_str(), "tunable", *s)));
+            .chain(
+                tunable_spans
+                    .iter()
+                    .map(|(n, s)| (n.as_str(), "tunable", *s)),
+            );
         for (name, what, span) in taken {
             if GEOMETRY_NAMES.contains(&name) {
                 return Err(syn::Error::new(
@@ -2571,7 +2586,11 @@ mod tests {
         assert_eq!(names, ["x", "y", "ncols", "block_size"]);
         let launch_only: Vec<&str> = spec.launch_only().map(|s| s.name.as_str()).collect();
         assert_eq!(launch_only, ["rows"]);
-        assert_eq!(spec.scalar_names(), ["rows", "ncols"], "expressions read both");
+        assert_eq!(
+            spec.scalar_names(),
+            ["rows", "ncols"],
+            "expressions read both"
+        );
         assert_eq!(
             values_of(&spec, 0),
             [
@@ -2595,8 +2614,14 @@ mod tests {
         assert_eq!(v[3], ArgValue::Scalar(ScalarTy::I32, Number::Int(128)));
         // The spec travels as JSON (jobs, the embedded definition) and reads back the same.
         let json = spec.canonical_json();
-        assert!(json.contains(r#""args":[{"arg":"param","name":"x"}"#), "{json}");
-        assert!(json.contains(r#"{"arg":"computed","name":"block_size","ty":"i32","value":"block_x"}"#), "{json}");
+        assert!(
+            json.contains(r#""args":[{"arg":"param","name":"x"}"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#"{"arg":"computed","name":"block_size","ty":"i32","value":"block_x"}"#),
+            "{json}"
+        );
         let back: KernelSpec = serde_json::from_str(&json).unwrap();
         assert_eq!(back, spec);
     }
@@ -2629,7 +2654,10 @@ mod tests {
             ArgValue::Buffer(_) => panic!("a buffer"),
         };
         let v = values_of(&spec, 0);
-        assert_eq!(v[2..].iter().map(|v| n(*v)).collect::<Vec<_>>(), [82, 768, 515, 16]);
+        assert_eq!(
+            v[2..].iter().map(|v| n(*v)).collect::<Vec<_>>(),
+            [82, 768, 515, 16]
+        );
         assert_eq!(spec.launch_only().count(), 2, "rows and ncols");
         let mut launch = spec.launch.clone();
         launch.cluster = Some([Expr::Int(2), Expr::Int(1), Expr::Int(1)]);
@@ -2647,7 +2675,10 @@ mod tests {
         assert_eq!(explicit.args, None);
         assert_eq!(explicit.canonical_json(), plain.canonical_json());
         let json = plain.canonical_json();
-        assert!(!json.contains("\"args\"") && !json.contains("\"kind\":\"values\""), "{json}");
+        assert!(
+            !json.contains("\"args\"") && !json.contains("\"kind\":\"values\""),
+            "{json}"
+        );
         let reordered = parse(quote!(#base, args = (y, x, ncols, rows)), candle_item()).unwrap();
         let kinds: Vec<String> = reordered
             .kernel_args()
@@ -2681,12 +2712,18 @@ mod tests {
         .unwrap();
         let info = spec.buffers().nth(1).unwrap();
         let args = spec.shape_args(&spec.shapes[1]);
-        assert_eq!(info.fixed_values(&spec, &args), Some(Ok(vec![2, 64, 64, 1])));
+        assert_eq!(
+            info.fixed_values(&spec, &args),
+            Some(Ok(vec![2, 64, 64, 1]))
+        );
         assert_eq!(
             spec.buffers().nth(2).unwrap().fixed_values(&spec, &args),
             Some(Ok(vec![32]))
         );
-        assert_eq!(spec.buffers().next().unwrap().fixed_values(&spec, &args), None);
+        assert_eq!(
+            spec.buffers().next().unwrap().fixed_values(&spec, &args),
+            None
+        );
         let back: KernelSpec = serde_json::from_str(&spec.canonical_json()).unwrap();
         assert_eq!(back, spec);
 
@@ -2696,7 +2733,11 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("shape 2 (cols=8 rows=3)") && e.contains("has 4 values but its length `rows` is 3"), "{e}");
+        assert!(
+            e.contains("shape 2 (cols=8 rows=3)")
+                && e.contains("has 4 values but its length `rows` is 3"),
+            "{e}"
+        );
         let e = parse(
             quote!(reference = "k.cu", x: [rows * cols], info: [1] values(rows - 9), scale: [1], y: [rows * cols], grid = rows, block = 256, shapes = [{ rows: 4, cols: 8 }]),
             item.clone(),
@@ -2730,19 +2771,31 @@ mod tests {
     fn args_and_values_errors_name_the_fix() {
         let base = quote!(reference = "k.cu", x: [rows * ncols], y: [rows * ncols], grid = rows, block = BLOCK, shapes = [{ rows: 8, ncols: 1000 }], tunables = { BLOCK: [256] });
         let e = candle_err(quote!(#base, args = (x, y, ncol)));
-        assert!(e.contains("`ncol` is not a parameter of `softmax`; did you mean `ncols`?"), "{e}");
+        assert!(
+            e.contains("`ncol` is not a parameter of `softmax`; did you mean `ncols`?"),
+            "{e}"
+        );
         let e = candle_err(quote!(#base, args = (y, ncols)));
         assert!(e.contains("buffer `x` is not in `args`"), "{e}");
         let e = candle_err(quote!(#base, args = (x, y, ncols, block_size = BLOCK)));
         assert!(e.contains("needs a type: `block_size: i32 = BLOCK`"), "{e}");
         let e = candle_err(quote!(#base, args = (x, y, ncols, scale: f32 = BLOCK)));
-        assert!(e.contains("computed arguments are integers") && e.contains("launcher parameter"), "{e}");
+        assert!(
+            e.contains("computed arguments are integers") && e.contains("launcher parameter"),
+            "{e}"
+        );
         let e = candle_err(quote!(#base, args = (x, y, ncols, n: char = BLOCK)));
         assert!(e.contains("expected an integer type"), "{e}");
         let e = candle_err(quote!(#base, args = (x, y, ncols, block_size: i32 = blok_x)));
-        assert!(e.contains("unknown name `blok_x`; did you mean `block_x`?"), "{e}");
+        assert!(
+            e.contains("unknown name `blok_x`; did you mean `block_x`?"),
+            "{e}"
+        );
         let e = candle_err(quote!(#base, args = (x, y, ncols, block_size: i32)));
-        assert!(e.contains("needs its value: `block_size: i32 = <expression>`"), "{e}");
+        assert!(
+            e.contains("needs its value: `block_size: i32 = <expression>`"),
+            "{e}"
+        );
         let e = candle_err(quote!(#base, args = (x, y, ncols: u32)));
         assert!(e.contains("list it bare (`ncols`)"), "{e}");
         let e = candle_err(quote!(#base, args = (x, y, ncols: i32 = rows)));
@@ -2754,17 +2807,29 @@ mod tests {
         let e = candle_err(quote!(#base, args = [x, y]));
         assert!(e.contains("in parentheses"), "{e}");
         let e = candle_err(quote!(#base, args = (x, y, b: i32 = rows * 1000000000)));
-        assert!(e.contains("shape 1 (ncols=1000 rows=8)") && e.contains("is 8000000000, outside the range of i32"), "{e}");
-        let e = candle_err(quote!(#base, args = (x, y, ncols, b: i32 = if rows > 1 { 1 } else { 0 } == 1)));
+        assert!(
+            e.contains("shape 1 (ncols=1000 rows=8)")
+                && e.contains("is 8000000000, outside the range of i32"),
+            "{e}"
+        );
+        let e = candle_err(
+            quote!(#base, args = (x, y, ncols, b: i32 = if rows > 1 { 1 } else { 0 } == 1)),
+        );
         assert!(e.contains("expected an integer"), "{e}");
         // Geometry names are reserved only where computed arguments read them.
-        let geometry_item = quote!(pub fn k(stream: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, block_x: u32););
+        let geometry_item = quote!(
+            pub fn k(stream: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, block_x: u32);
+        );
         let g = quote!(reference = "k.cu", x: [block_x], y: [block_x], grid = block_x, block = 1, shapes = [{ block_x: 8 }]);
         assert!(parse(quote!(#g, args = (x, y)), geometry_item.clone()).is_ok());
         let e = parse(quote!(#g, args = (x, y, n: u32 = block_x)), geometry_item)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("`block_x` names the launch geometry") && e.contains("rename this parameter"), "{e}");
+        assert!(
+            e.contains("`block_x` names the launch geometry")
+                && e.contains("rename this parameter"),
+            "{e}"
+        );
         // A floating-point parameter the kernel is not given could not be read at all.
         let e = parse(
             quote!(reference = "k.cu", x: [n], y: [n], args = (x, y, n), grid = n, block = 1, shapes = [{ n: 8, eps: 0.5 }]),
@@ -2772,18 +2837,36 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("`eps` is a floating-point parameter the kernel is not given"), "{e}");
+        assert!(
+            e.contains("`eps` is a floating-point parameter the kernel is not given"),
+            "{e}"
+        );
 
-        let item = quote!(fn k(stream: &CudaStream, x: &CudaSlice<f32>, info: &CudaSlice<i32>, y: &mut CudaSlice<f32>, n: u32, eps: f32););
+        let item = quote!(
+            fn k(
+                stream: &CudaStream,
+                x: &CudaSlice<f32>,
+                info: &CudaSlice<i32>,
+                y: &mut CudaSlice<f32>,
+                n: u32,
+                eps: f32,
+            );
+        );
         let v = |decl: TokenStream| {
             parse(quote!(reference = "k.cu", x: [n], #decl, y: [n], grid = n, block = 1, shapes = [{ n: 8, eps: 0.5 }], tunables = { VEC: [1, 2] }), item.clone())
                 .unwrap_err()
                 .to_string()
         };
         let e = v(quote!(info: [2] values(n, 1.5)));
-        assert!(e.contains("float literal") && e.contains("write integers"), "{e}");
+        assert!(
+            e.contains("float literal") && e.contains("write integers"),
+            "{e}"
+        );
         let e = v(quote!(info: [2] values(n, eps)));
-        assert!(e.contains("`eps` is a floating-point scalar") && e.contains("write integers"), "{e}");
+        assert!(
+            e.contains("`eps` is a floating-point scalar") && e.contains("write integers"),
+            "{e}"
+        );
         let e = v(quote!(info: [2] values(n, VEC)));
         assert!(e.contains("cannot depend on the tunable `VEC`"), "{e}");
         let e = v(quote!(info: [2] values()));
@@ -2796,7 +2879,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("`y` is an output") && e.contains("declare it `inout`"), "{e}");
+        assert!(
+            e.contains("`y` is an output") && e.contains("declare it `inout`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -759,12 +759,9 @@ impl CudaBackend {
                 Err(e) => return Err((out, Stop::Error(format!("inputs: {e}")))),
             };
             let r = (|| -> Result<CheckRuns, Stop> {
-                let (c1, modified) =
-                    self.run_once(spec, cf, cg, ca, bufs, &pristine, true)?;
-                let (reference, _) =
-                    self.run_once(spec, rf, rg, ra, bufs, &pristine, false)?;
-                let (c2, modified2) =
-                    self.run_once(spec, cf, cg, ca, bufs, &pristine, true)?;
+                let (c1, modified) = self.run_once(spec, cf, cg, ca, bufs, &pristine, true)?;
+                let (reference, _) = self.run_once(spec, rf, rg, ra, bufs, &pristine, false)?;
+                let (c2, modified2) = self.run_once(spec, cf, cg, ca, bufs, &pristine, true)?;
                 let mut m = modified;
                 m.extend(
                     modified2
@@ -801,14 +798,7 @@ impl CudaBackend {
             return Ok(out);
         };
         let mut step = |what: &str| progress(&format!("{}: {what}", case.label));
-        let times = self.time_pair(
-            policy,
-            (ra, ca),
-            (rf, rg),
-            (cf, cg),
-            bufs,
-            &mut step,
-        );
+        let times = self.time_pair(policy, (ra, ca), (rf, rg), (cf, cg), bufs, &mut step);
         match times {
             Ok((tr, tc)) => {
                 out.reference.as_mut().expect("set above").timing = Some(tr);
@@ -831,8 +821,7 @@ impl CudaBackend {
             Err(e) => return Err((out, Stop::Error(format!("inputs: {e}")))),
         };
         let r = (|| -> Result<(Vec<Bytes>, Vec<Bytes>), Stop> {
-            let (reference, _) =
-                self.run_once(spec, rf, rg, ra, bufs, &pristine, false)?;
+            let (reference, _) = self.run_once(spec, rf, rg, ra, bufs, &pristine, false)?;
             let (c, _) = self.run_once(spec, cf, cg, ca, bufs, &pristine, true)?;
             Ok((c, reference))
         })();

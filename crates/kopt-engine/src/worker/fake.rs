@@ -571,7 +571,10 @@ fn expectations(
             continue;
         };
         let Some((index, b)) = spec.buffers().enumerate().find(|(_, b)| &b.name == name) else {
-            out.push(format!("fake device: `{}` expects an input `{name}` the spec does not declare", v.id));
+            out.push(format!(
+                "fake device: `{}` expects an input `{name}` the spec does not declare",
+                v.id
+            ));
             continue;
         };
         let n = spec
@@ -584,13 +587,14 @@ fn expectations(
             (Variation::Declared, job.seeds.first),
             (Variation::Shifted, job.seeds.second),
         ] {
-            let got = crate::inputs::fill(b, spec, args, n, seed ^ index as u64, variation)
-                .map(|bytes| {
+            let got = crate::inputs::fill(b, spec, args, n, seed ^ index as u64, variation).map(
+                |bytes| {
                     (0..n)
                         .map(|i| crate::inputs::element(b.dtype, &bytes, i).to_string())
                         .collect::<Vec<_>>()
                         .join(" ")
-                });
+                },
+            );
             match got {
                 Ok(got) if got == want.join(" ") => {}
                 Ok(got) => out.push(format!(
@@ -645,5 +649,133 @@ fn fake_comparison(
         },
         max_rel_error: if bad.is_some() || nan { 1.0 } else { 1e-6 },
         first_bad: nan_bad.or(bad),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{held_out_shapes, Seeds, ShapeCase, TimingPolicy};
+    use crate::verdict::Judge;
+
+    /// A candle-style softmax with a dims array: `rows` sizes the grid only, `block_size`
+    /// must equal the block (computed per version), and `info` holds the shape.
+    fn spec() -> kopt_spec::KernelSpec {
+        let item = kopt_spec::spec::parse_item(
+            "fn softmax(s: &CudaStream, info: &CudaSlice<i32>, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, ncols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", entry = \"softmax_f32\", info: [2] values(rows, ncols), x: [rows * ncols], y: [rows * ncols], args = (x, y, ncols, block_size: i32 = block_x, info), grid = rows, block = BLOCK, shapes = [{ rows: 8, ncols: 1000 }], tunables = { BLOCK: 256 in [256, 512] }"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0
+    }
+
+    fn job(spec: &kopt_spec::KernelSpec, reference: &str, candidate: &str) -> EvalJob {
+        let mut r = KernelVersion::reference(spec, reference);
+        r.entry = "softmax_f32".into();
+        let mut c = r.clone();
+        c.id = "wide".into();
+        c.source = candidate.into();
+        c.defines.insert("BLOCK".into(), 512);
+        EvalJob {
+            spec: spec.clone(),
+            reference: r,
+            candidate: c,
+            shapes: spec.shapes.iter().map(ShapeCase::declared).collect(),
+            seeds: Seeds::from_base(7),
+            timing: Some(TimingPolicy::default()),
+        }
+    }
+
+    #[test]
+    fn each_version_is_launched_with_exactly_its_kernel_arguments() {
+        let spec = spec();
+        let job = job(
+            &spec,
+            "// kopt-fake: expect-args x y ncols=1000 block_size=256 info\n// kopt-fake: expect-input info 8 1000\n",
+            "// kopt-fake: expect-args x y ncols=1000 block_size=512 info\n// kopt-fake: expect-input info 8 1000\n",
+        );
+        let report = FakeBackend::new().evaluate(&job, &mut |_| {});
+        assert_eq!(report.shapes.len(), 1);
+        assert_eq!(report.shapes[0].error, None, "{:?}", report.shapes[0]);
+        let verdict = Judge::new(None).judge(&Ok(report));
+        assert!(verdict.accepted, "{:?}", verdict.failures);
+
+        // A version given other arguments than its kernel takes is a launch failure that
+        // says what it was given.
+        let wrong = job_with_candidate(
+            &job,
+            "// kopt-fake: expect-args x y ncols=1000 block_size=256 info\n",
+        );
+        let report = FakeBackend::new().evaluate(&wrong, &mut |_| {});
+        let error = report.shapes[0].error.clone().unwrap();
+        assert!(
+            error.contains("`wide` was launched with arguments `x y ncols=1000 block_size=512 info`, but its source expects `x y ncols=1000 block_size=256 info`"),
+            "{error}"
+        );
+        assert!(!Judge::new(None).judge(&Ok(report)).accepted);
+        let wrong = job_with_candidate(&job, "// kopt-fake: expect-input info 8 999\n");
+        let error = FakeBackend::new().evaluate(&wrong, &mut |_| {}).shapes[0]
+            .error
+            .clone()
+            .unwrap();
+        assert!(
+            error.contains("read `info` = `8 1000` (declared inputs)"),
+            "{error}"
+        );
+    }
+
+    fn job_with_candidate(job: &EvalJob, source: &str) -> EvalJob {
+        let mut j = job.clone();
+        j.candidate.source = source.into();
+        j
+    }
+
+    #[test]
+    fn fixed_contents_follow_held_out_shapes_and_ignore_seeds() {
+        let spec = spec();
+        let shapes = held_out_shapes(&spec, None, 3, 3, 1 << 30);
+        assert!(!shapes.is_empty());
+        for case in shapes {
+            let rows = case.values["rows"].as_i64().unwrap();
+            let ncols = case.values["ncols"].as_i64().unwrap();
+            let mut j = job(&spec, "", "");
+            j.shapes = vec![case];
+            let expect = format!("// kopt-fake: expect-input info {rows} {ncols}\n// kopt-fake: expect-args x y ncols={ncols} block_size=512 info\n");
+            j.candidate.source = expect;
+            for base in [1, 2, 3] {
+                j.seeds = Seeds::from_base(base);
+                let report = FakeBackend::new().evaluate(&j, &mut |_| {});
+                assert_eq!(report.shapes[0].error, None, "{:?}", report.shapes[0]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_computed_argument_outside_its_type_is_a_launch_error() {
+        let spec = spec();
+        let mut j = job(&spec, "", "");
+        // A candidate whose block (2^31 threads: a u32, so a geometry) does not fit the
+        // kernel's `int block_size`.
+        j.candidate.launch.block[0] = kopt_spec::expr::Expr::Binary(
+            kopt_spec::expr::BinOp::Mul,
+            Box::new(kopt_spec::expr::Expr::Var("BLOCK".into())),
+            Box::new(kopt_spec::expr::Expr::Int(1 << 22)),
+        );
+        let report = FakeBackend::new().evaluate(&j, &mut |_| {});
+        let error = report.shapes[0].error.clone().unwrap();
+        assert_eq!(
+            error,
+            "candidate arguments: computed argument `block_size` = `block_x` is 2147483648, outside the range of i32"
+        );
+        let verdict = Judge::new(None).judge(&Ok(report));
+        assert!(!verdict.accepted);
     }
 }
