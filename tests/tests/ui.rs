@@ -21,9 +21,20 @@ fn annotation_errors() {
         "extern \"C\" __global__ void k(const float* x, float* y, unsigned int n) {\n    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = 2.0f * x[i];\n}\n",
     )
     .unwrap();
+    // Kernels whose arguments are not the launcher's parameters (`good_args.rs`).
+    for k in ["softmax.cu", "sum_rows.cu"] {
+        std::fs::copy(
+            kopt_tests::repo_root()
+                .join("tests/fixtures/candle-style/kernels")
+                .join(k),
+            kernels.join(k),
+        )
+        .unwrap();
+    }
     let t = trybuild::TestCases::new();
     t.pass("tests/ui/good.rs");
     t.pass("tests/ui/good_cluster.rs");
     t.pass("tests/ui/good_use.rs");
+    t.pass("tests/ui/good_args.rs");
     t.compile_fail("tests/ui/[a-fh-z]*.rs");
 }

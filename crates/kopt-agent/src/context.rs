@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use kopt_spec::spec::{shape_label, Param};
+use kopt_spec::spec::{shape_label, KernelArgRef};
 use kopt_spec::KernelSpec;
 
 use crate::chat::{ChatRequest, Message};
@@ -104,17 +104,32 @@ pub struct ContextInput<'a> {
     pub budget_tokens: usize,
 }
 
+/// The kernel's arguments in order (what its signature must take), then the launcher's
+/// launch-only scalars, which the kernel is not given.
 fn params(spec: &KernelSpec) -> String {
-    spec.params
-        .iter()
-        .map(|p| match p {
-            Param::Buffer(b) => format!(
+    spec.kernel_args()
+        .into_iter()
+        .map(|a| match a {
+            KernelArgRef::Buffer { def: b, .. } => format!(
                 "{} ({} {:?}, {} elements)",
                 b.name, b.dtype, b.direction, b.len
             )
             .to_lowercase(),
-            Param::Scalar(s) => format!("{}: {}", s.name, s.ty.name()),
+            KernelArgRef::Scalar { def: s, .. } => format!("{}: {}", s.name, s.ty.name()),
+            KernelArgRef::Computed { def: c, .. } => format!(
+                "{}: {} = {} (computed by the launcher for each launch)",
+                c.name,
+                c.ty.name(),
+                c.value
+            ),
         })
+        .chain(spec.launch_only().map(|s| {
+            format!(
+                "{}: {} (launch only: sizes the launch, not a kernel argument)",
+                s.name,
+                s.ty.name()
+            )
+        }))
         .collect::<Vec<_>>()
         .join("; ")
 }

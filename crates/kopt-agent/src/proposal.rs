@@ -313,7 +313,11 @@ fn check_matrix(
             ));
             continue;
         }
-        if spec.params.iter().any(|q| q.name() == name) {
+        // Launcher parameters (expressions read them) and the kernel's own arguments
+        // (a define of that name would rename the parameter in the source).
+        if spec.params.iter().any(|q| q.name() == name)
+            || spec.kernel_args().iter().any(|a| a.name() == name)
+        {
             errors.push(format!(
                 "matrix key `{name}` is an argument of the kernel, not a define: the matrix searches defines only"
             ));

@@ -979,9 +979,9 @@ pub fn optimize(
                             &BTreeMap::from([
                                 (
                                     "params",
-                                    spec.params
+                                    spec.kernel_args()
                                         .iter()
-                                        .map(|p| p.name().to_string())
+                                        .map(|a| a.name().to_string())
                                         .collect::<Vec<_>>()
                                         .join(", "),
                                 ),

@@ -104,3 +104,36 @@ fn a_cluster_set_at_launch_is_shown_with_the_launch_rule() {
         req.messages[0].content
     );
 }
+
+/// With `args`, the prompt lists the kernel's own arguments in order (what a candidate's
+/// signature must take), then the launch-only scalars, so that an agent neither drops the
+/// computed `block_size` nor adds `rows`.
+#[test]
+fn the_prompt_lists_the_kernels_arguments_not_the_launchers() {
+    let item = kopt_spec::spec::parse_item(
+        "pub fn softmax(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, ncols: u32);"
+            .parse()
+            .unwrap(),
+    )
+    .unwrap();
+    let spec = kopt_spec::spec::parse_kernel(
+        "reference = \"k.cu\", entry = \"softmax_f32\", x: [rows * ncols], y: [rows * ncols], args = (x, y, ncols, block_size: i32 = block_x), grid = rows, block = BLOCK, shapes = [{ rows: 8, ncols: 1000 }], tunables = { BLOCK: [256] }"
+            .parse()
+            .unwrap(),
+        &item,
+    )
+    .unwrap()
+    .0;
+    let src = "extern \"C\" __global__ void softmax_f32(const float* x, float* y, const int ncols, const int block_size) {}\n";
+    let req = context::propose(&input(&spec, src, 50_000), "{}").unwrap();
+    let line = req.messages[0]
+        .content
+        .lines()
+        .find(|l| l.starts_with("- arguments: "))
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        line,
+        "- arguments: x (f32 in, rows * ncols elements); y (f32 out, rows * ncols elements); ncols: u32; block_size: i32 = block_x (computed by the launcher for each launch); rows: u32 (launch only: sizes the launch, not a kernel argument)"
+    );
+}

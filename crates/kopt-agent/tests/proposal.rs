@@ -156,6 +156,24 @@ fn a_matrix_names_defines_the_candidate_uses() {
         errs[0].contains("matrix key `n` is an argument of the kernel, not a define"),
         "{errs:?}"
     );
+    // A computed kernel argument is a parameter of the source too.
+    let item = kopt_spec::spec::parse_item(
+        "pub fn scale(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: u32);"
+            .parse()
+            .unwrap(),
+    )
+    .unwrap();
+    let computed = kopt_spec::spec::parse_kernel("reference = \"k.cu\", x: [n], y: [n], args = (x, y, n, threads: u32 = block_x), grid = ceil_div(n, 256), block = 256, shapes = [{ n: 4096 }]".parse().unwrap(), &item).unwrap().0;
+    let errs = proposal::parse(
+        &with_matrix(serde_json::json!({ "threads": [1, 2] })),
+        &computed,
+        BEST,
+    )
+    .unwrap_err();
+    assert!(
+        errs[0].contains("matrix key `threads` is an argument of the kernel, not a define"),
+        "{errs:?}"
+    );
     let errs =
         proposal::parse(&with_matrix(serde_json::json!({ "2X": [1] })), &s, BEST).unwrap_err();
     assert!(

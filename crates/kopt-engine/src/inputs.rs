@@ -64,6 +64,27 @@ pub fn fill(
     seed: u64,
     variation: Variation,
 ) -> Result<Bytes, String> {
+    // Fixed contents: the same for every seed and variation (only the shape changes them).
+    if let Some(values) = buffer.fixed_values(spec, args) {
+        let values = values?;
+        if values.len() != n {
+            return Err(format!(
+                "`{}`: {} values for a buffer of {n} elements",
+                buffer.name,
+                values.len()
+            ));
+        }
+        let dtype = buffer.dtype;
+        let mut out = vec![0u8; n * dtype.size()];
+        for (cell, &v) in out.chunks_exact_mut(dtype.size()).zip(&values) {
+            if dtype.is_float() {
+                put_float(dtype, cell, v as f64);
+            } else {
+                put_int(dtype, cell, v);
+            }
+        }
+        return Ok(out);
+    }
     let dist = buffer.distribution.clone().unwrap_or(Distribution::Normal {
         mean: 0.0,
         std: 1.0,
@@ -112,6 +133,7 @@ pub fn fill(
                 buffer.name
             ))
         }
+        (Distribution::Values { .. }, true) => unreachable!("fixed contents are written above"),
     };
     let dtype = buffer.dtype;
     let size = dtype.size();
@@ -338,6 +360,47 @@ mod tests {
         assert!(fill(x, &s, &[500, 0], 500, 9, Variation::Declared)
             .unwrap_err()
             .contains("empty"));
+    }
+
+    #[test]
+    fn fixed_contents_are_the_values_for_every_seed_and_variation() {
+        let item = kopt_spec::spec::parse_item(
+            "fn k(s: &CudaStream, info: &CudaSlice<u64>, scale: &CudaSlice<bf16>, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        let s = kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", info: [4] values(rows, cols, cols, 1), scale: [2] values(cols / 4, 0 - 3), x: [rows * cols], y: [rows * cols], grid = rows, block = 1, shapes = [{ rows: 3, cols: 64 }]"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0;
+        let args = [3, 64];
+        let all = fill_all(&s, &args, &[4, 2, 192, 192], 11, Variation::Declared).unwrap();
+        let info = all[0].as_ref().unwrap();
+        let got: Vec<f64> = (0..4).map(|i| element(DType::U64, info, i)).collect();
+        assert_eq!(got, [3.0, 64.0, 64.0, 1.0]);
+        let scale = all[1].as_ref().unwrap();
+        assert_eq!(element(DType::Bf16, scale, 0), 16.0);
+        assert_eq!(element(DType::Bf16, scale, 1), -3.0);
+        for (seed, variation) in [(12, Variation::Declared), (11, Variation::Shifted)] {
+            let other = fill_all(&s, &args, &[4, 2, 192, 192], seed, variation).unwrap();
+            assert_eq!(other[0], all[0], "fixed contents do not follow the seed");
+            assert_eq!(other[1], all[1]);
+            assert_ne!(other[2], all[2], "random inputs still do");
+        }
+        // Another shape, other contents.
+        let other = fill_all(&s, &[5, 8], &[4, 2, 40, 40], 11, Variation::Declared).unwrap();
+        let got: Vec<f64> = (0..4)
+            .map(|i| element(DType::U64, other[0].as_ref().unwrap(), i))
+            .collect();
+        assert_eq!(got, [5.0, 8.0, 8.0, 1.0]);
+        let info_buffer = s.buffers().next().unwrap();
+        let e = fill(info_buffer, &s, &args, 5, 1, Variation::Declared).unwrap_err();
+        assert!(e.contains("4 values for a buffer of 5 elements"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use kopt_spec::expr::{self, Expr};
 use kopt_spec::files::VariantFile;
-use kopt_spec::spec::{KernelSpec, LaunchRule, Number, Shape};
+use kopt_spec::spec::{ArgValue, KernelSpec, LaunchRule, Number, Shape};
 use serde::{Deserialize, Serialize};
 
 use crate::stats;
@@ -93,6 +93,16 @@ impl KernelVersion {
         kopt_spec::spec::define_options(&self.defines)
             .chain(self.options.iter().cloned())
             .collect()
+    }
+
+    /// The kernel's argument values for this version on a shape: computed arguments
+    /// under this version's launch rule and defines ([`KernelSpec::kernel_arg_values`]).
+    pub fn arg_values(
+        &self,
+        spec: &KernelSpec,
+        values: &BTreeMap<String, Number>,
+    ) -> Result<Vec<ArgValue>, String> {
+        spec.kernel_arg_values(&self.launch, &self.defines, values)
     }
 
     /// Grid, block and dynamic shared memory for one shape.
@@ -618,6 +628,27 @@ fn shape_is_valid(
     if !spec.constraints.iter().all(|c| eval(c) == Some(1)) {
         return false;
     }
+    // A `values(...)` buffer must get one value per element, and computed arguments must
+    // fit their types, as on the declared shapes.
+    if spec
+        .buffers()
+        .any(|b| matches!(b.fixed_values(spec, args), Some(Err(_))))
+    {
+        return false;
+    }
+    if spec.computed_args().next().is_some() {
+        let values: BTreeMap<String, Number> = spec
+            .scalars()
+            .zip(args)
+            .map(|(s, v)| (s.name.clone(), Number::Int(*v)))
+            .collect();
+        if spec
+            .kernel_arg_values(&spec.launch, defines, &values)
+            .is_err()
+        {
+            return false;
+        }
+    }
     match region {
         None => true,
         Some(r) => eval(r) == Some(1),
@@ -956,6 +987,37 @@ mod tests {
             }
             t *= 1.7;
         }
+    }
+
+    #[test]
+    fn held_out_shapes_keep_fixed_contents_and_computed_arguments_valid() {
+        let item = kopt_spec::spec::parse_item(
+            "fn k(s: &CudaStream, info: &CudaSlice<u32>, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32, n: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        // `info` holds exactly 2 values: a shape with another `n` cannot be filled. `total`
+        // is an i32: a shape with more than 2^31 elements cannot be launched.
+        let spec = kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", info: [n] values(rows, cols), x: [rows * cols], y: [rows * cols], args = (info, x, y, total: i32 = rows * cols), grid = rows, block = 256, shapes = [{ rows: 32768, cols: 65535, n: 2 }, { rows: 64, cols: 4096, n: 2 }]"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0;
+        let mut seen = 0;
+        for seed in 0..10 {
+            for s in held_out_shapes(&spec, None, seed, 4, u64::MAX) {
+                seen += 1;
+                assert_eq!(s.values["n"], Number::Int(2), "{s:?}");
+                let rows = s.values["rows"].as_i64().unwrap();
+                let cols = s.values["cols"].as_i64().unwrap();
+                assert!(rows * cols <= i32::MAX as i64, "{s:?}");
+            }
+        }
+        assert!(seen > 20, "{seen}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use kopt_engine::engine::Engine;
 use kopt_engine::job::{EvalJob, KernelVersion};
+use kopt_spec::spec::ArgValue;
 
 use crate::figures::{self, EngineFigures};
 use crate::ncu::{self, Collection};
@@ -107,6 +108,17 @@ pub fn env_of(job: &EvalJob) -> Result<Env, String> {
         .filter_map(|(k, n)| n.as_i64().map(|v| (k.clone(), v)))
         .collect();
     values.extend(job.candidate.defines.iter().map(|(k, v)| (k.clone(), *v)));
+    // Computed kernel arguments are parameters of the source too (`block_size`).
+    let computed = job.candidate.arg_values(&job.spec, &case.values)?;
+    for (a, v) in job.spec.kernel_args().iter().zip(computed) {
+        if let (kopt_spec::spec::KernelArgRef::Computed { def, .. }, ArgValue::Scalar(_, n)) =
+            (a, v)
+        {
+            if let Some(n) = n.as_i64() {
+                values.insert(def.name.clone(), n);
+            }
+        }
+    }
     Ok(Env {
         values,
         block: g.block,
@@ -505,5 +517,46 @@ fn code(
             ptx,
             None,
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kopt_engine::job::{Seeds, ShapeCase};
+
+    /// The source's trip counts read kernel parameters by name: a computed `block_size` is
+    /// one, with the candidate's value (its own block).
+    #[test]
+    fn the_launch_environment_holds_computed_arguments() {
+        let item = kopt_spec::spec::parse_item(
+            "fn softmax(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, ncols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        let spec = kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", entry = \"softmax_f32\", x: [rows * ncols], y: [rows * ncols], args = (x, y, ncols, block_size: i32 = block_x), grid = rows, block = BLOCK, shapes = [{ rows: 8, ncols: 1000 }], tunables = { BLOCK: 256 in [256, 512] }"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0;
+        let reference = KernelVersion::reference(&spec, "");
+        let mut candidate = reference.clone();
+        candidate.defines.insert("BLOCK".into(), 512);
+        let job = EvalJob {
+            shapes: vec![ShapeCase::declared(&spec.shapes[0])],
+            spec,
+            reference,
+            candidate,
+            seeds: Seeds::from_base(1),
+            timing: None,
+        };
+        let env = env_of(&job).unwrap();
+        assert_eq!(env.values.get("block_size"), Some(&512));
+        assert_eq!(env.values.get("ncols"), Some(&1000));
+        assert_eq!(env.block, [512, 1, 1]);
     }
 }

@@ -27,6 +27,14 @@ pub enum Error {
         what: &'static str,
         value: i64,
     },
+    #[error("`{kernel}`: computed argument `{arg}` of `{variant}` is {value}, outside the range of {ty}; nothing was launched")]
+    ComputedArg {
+        kernel: &'static str,
+        variant: &'static str,
+        arg: &'static str,
+        ty: &'static str,
+        value: i64,
+    },
     #[error("`{kernel}`: `{variant}` cannot launch: {problem}; nothing was launched")]
     Cluster {
         kernel: &'static str,

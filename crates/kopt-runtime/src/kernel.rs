@@ -47,6 +47,18 @@ pub struct VariantDef {
     pub cluster: Option<[&'static [Op]; 3]>,
 }
 
+/// A kernel argument the launcher computes (`args = (.., block_size: i32 = block_x)`):
+/// one program per version, since a variant's defines and launch rule change its value.
+#[derive(Debug)]
+pub struct ComputedArgDef {
+    pub name: &'static str,
+    /// Its type as the annotation wrote it (`i32`).
+    pub ty: &'static str,
+    pub reference: &'static [Op],
+    /// Aligned with [`KernelDef::variants`].
+    pub variants: &'static [&'static [Op]],
+}
+
 /// A lock entry the build refused (stale or corrupt), kept so introspection can say why.
 #[derive(Debug)]
 pub struct UnusableDef {
@@ -76,6 +88,8 @@ pub const MAX_CONTEXTS: usize = 32;
 /// introspection API (name, spec, which variant runs for given arguments, and why).
 pub struct Kernel {
     def: KernelDef,
+    /// The computed kernel arguments, in kernel-argument order (most kernels have none).
+    computed: &'static [ComputedArgDef],
     spec: OnceLock<KernelSpec>,
     slots: [Slot; MAX_CONTEXTS],
     init: Mutex<()>,
@@ -101,6 +115,10 @@ struct Loaded {
 /// A resolved launch: the function and its geometry. Produced by [`Kernel::prepare`].
 pub struct Launch<'a> {
     function: &'a CudaFunction,
+    kernel: &'static str,
+    computed: &'static [ComputedArgDef],
+    /// Which version: `None` for the reference, else its index in `KernelDef::variants`.
+    version: Option<usize>,
     pub variant: &'static str,
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
@@ -110,6 +128,30 @@ pub struct Launch<'a> {
 }
 
 impl Launch<'_> {
+    /// Computed kernel argument number `index` for this launch's version, over the scalar
+    /// arguments, converted to the kernel's type. Allocation-free.
+    #[doc(hidden)]
+    pub fn computed<T: TryFrom<i64>>(&self, index: usize, args: &[i64]) -> Result<T, Error> {
+        let c = &self.computed[index];
+        let program = match self.version {
+            None => c.reference,
+            Some(i) => c.variants[i],
+        };
+        let value = expr::eval(program, args).map_err(|e| Error::Expr {
+            kernel: self.kernel,
+            what: "the computed argument",
+            item: c.name,
+            error: e,
+        })?;
+        T::try_from(value).map_err(|_| Error::ComputedArg {
+            kernel: self.kernel,
+            variant: self.variant,
+            arg: c.name,
+            ty: c.ty,
+            value,
+        })
+    }
+
     /// Enqueues the kernel.
     ///
     /// # Safety
@@ -148,8 +190,15 @@ pub fn disabled() -> bool {
 impl Kernel {
     #[doc(hidden)]
     pub const fn new(def: KernelDef) -> Self {
+        Self::with_computed(def, &[])
+    }
+
+    /// A kernel whose launcher computes some of its arguments.
+    #[doc(hidden)]
+    pub const fn with_computed(def: KernelDef, computed: &'static [ComputedArgDef]) -> Self {
         Kernel {
             def,
+            computed,
             spec: OnceLock::new(),
             slots: [const {
                 Slot {
@@ -209,7 +258,7 @@ impl Kernel {
     #[doc(hidden)]
     pub fn prepare(&self, stream: &CudaStream, args: &[i64]) -> Result<Launch<'_>, Error> {
         let loaded = self.loaded(stream)?;
-        let (def, function) = self.pick(loaded, args);
+        let (version, def, function) = self.pick(loaded, args);
         let dim = |p: &'static [Op], what: &'static str| -> Result<u32, Error> {
             let v = expr::eval(p, args).map_err(|e| Error::Expr {
                 kernel: self.def.name,
@@ -262,6 +311,9 @@ impl Kernel {
         }
         Ok(Launch {
             function,
+            kernel: self.def.name,
+            computed: self.computed,
+            version,
             variant: def.id,
             grid,
             block,
@@ -270,16 +322,20 @@ impl Kernel {
         })
     }
 
-    fn pick<'a>(&'a self, loaded: &'a Loaded, args: &[i64]) -> (&'a VariantDef, &'a CudaFunction) {
+    fn pick<'a>(
+        &'a self,
+        loaded: &'a Loaded,
+        args: &[i64],
+    ) -> (Option<usize>, &'a VariantDef, &'a CudaFunction) {
         if !disabled() {
-            for (def, f) in self.def.variants.iter().zip(&loaded.variants) {
+            for (i, (def, f)) in self.def.variants.iter().zip(&loaded.variants).enumerate() {
                 let Some(f) = f else { continue };
                 if region_holds(def, args) {
-                    return (def, f);
+                    return (Some(i), def, f);
                 }
             }
         }
-        (&self.def.reference, &loaded.reference)
+        (None, &self.def.reference, &loaded.reference)
     }
 
     fn loaded(&self, stream: &CudaStream) -> Result<&Loaded, Error> {

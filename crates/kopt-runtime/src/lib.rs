@@ -34,8 +34,8 @@ pub use compile::{
 };
 pub use error::Error;
 pub use kernel::{
-    disabled, BufferDef, Kernel, KernelDef, Launch, Reason, RegionDef, Selection, UnusableDef,
-    VariantDef, MAX_CONTEXTS,
+    disabled, BufferDef, ComputedArgDef, Kernel, KernelDef, Launch, Reason, RegionDef, Selection,
+    UnusableDef, VariantDef, MAX_CONTEXTS,
 };
 pub use kopt_macros::kernel;
 pub use kopt_spec::{expr, spec, KernelSpec};

@@ -16,7 +16,7 @@ use quote::{format_ident, quote};
 use crate::expr::{BinOp, Func, Op};
 use crate::files;
 use crate::source;
-use crate::spec::{self, KernelSpec, Launcher, Param};
+use crate::spec::{self, KernelArgRef, KernelSpec, Launcher, Param};
 use crate::store::{self, Hashes, KernelState};
 
 /// Where the expansion happens.
@@ -106,28 +106,45 @@ pub fn generate(
     let mut buffer_index = 0usize;
     for (i, p) in spec.params.iter().enumerate() {
         let id = format_ident!("{}", p.name());
-        match p {
-            Param::Buffer(b) => {
-                let bi = buffer_index;
-                buffer_index += 1;
-                checks.push(quote! {
-                    #static_ident.check_len(#bi, #kopt::__private::DeviceSlice::len(#id), &__kopt_args)?;
+        if let Param::Buffer(b) = p {
+            let bi = buffer_index;
+            buffer_index += 1;
+            checks.push(quote! {
+                #static_ident.check_len(#bi, #kopt::__private::DeviceSlice::len(#id), &__kopt_args)?;
+            });
+            let ptr = format_ident!("__kopt_ptr{}", i);
+            let guard = format_ident!("__kopt_sync{}", i);
+            if b.is_output() {
+                ptrs.push(quote! {
+                    let (#ptr, #guard) = #kopt::__private::DevicePtrMut::device_ptr_mut(#id, __kopt_stream);
                 });
-                let ptr = format_ident!("__kopt_ptr{}", i);
-                let guard = format_ident!("__kopt_sync{}", i);
-                if b.is_output() {
-                    ptrs.push(quote! {
-                        let (#ptr, #guard) = #kopt::__private::DevicePtrMut::device_ptr_mut(#id, __kopt_stream);
-                    });
-                } else {
-                    ptrs.push(quote! {
-                        let (#ptr, #guard) = #kopt::__private::DevicePtr::device_ptr(#id, __kopt_stream);
-                    });
-                }
+            } else {
+                ptrs.push(quote! {
+                    let (#ptr, #guard) = #kopt::__private::DevicePtr::device_ptr(#id, __kopt_stream);
+                });
+            }
+        }
+    }
+    // The kernel's arguments in its order: buffers' pointers, launcher scalars as received,
+    // computed ones from stack locals evaluated for the version `prepare` picked.
+    let mut computed = Vec::new();
+    for a in spec.kernel_args() {
+        match a {
+            KernelArgRef::Buffer { param, .. } => {
+                let ptr = format_ident!("__kopt_ptr{}", param);
                 slots.push(quote!(&#ptr as *const _ as *mut ::core::ffi::c_void));
             }
-            Param::Scalar(_) => {
+            KernelArgRef::Scalar { def, .. } => {
+                let id = format_ident!("{}", def.name);
                 slots.push(quote!(&#id as *const _ as *mut ::core::ffi::c_void));
+            }
+            KernelArgRef::Computed { index, def } => {
+                let local = format_ident!("__kopt_computed{}", index);
+                let ty = format_ident!("{}", def.ty.name());
+                computed.push(quote! {
+                    let #local: #ty = __kopt_launch.computed(#index, &__kopt_args)?;
+                });
+                slots.push(quote!(&#local as *const _ as *mut ::core::ffi::c_void));
             }
         }
     }
@@ -152,11 +169,14 @@ pub fn generate(
         &spec.launch,
         &defines,
     );
-    let variants: Vec<TokenStream> = state
+    let usable: Vec<_> = state
         .entries
         .iter()
         .filter_map(|e| e.status.as_ref().ok().map(|u| (&e.entry, u)))
-        .map(|(entry, u)| {
+        .collect();
+    let variants: Vec<TokenStream> = usable
+        .iter()
+        .map(|&(entry, u)| {
             variant_def(
                 &kopt,
                 spec,
@@ -204,10 +224,53 @@ pub fn generate(
         );
         quote!(#kopt::BufferDef { name: #name, len: #len })
     });
+    // Each computed argument's program for the reference and for every embedded variant
+    // (aligned with `variants`), under that version's launch rule and defines.
+    let computed_defs: Vec<TokenStream> = spec
+        .computed_args()
+        .map(|c| {
+            let name = &c.name;
+            let ty = c.ty.name();
+            let program = |launch: &spec::LaunchRule, defines: &BTreeMap<String, i64>| {
+                ops_tokens(
+                    &kopt,
+                    &spec
+                        .computed_program(c, launch, defines)
+                        .expect("checked at parse and when the files were resolved"),
+                )
+            };
+            let reference = program(&spec.launch, &defines);
+            let per_variant = usable
+                .iter()
+                .map(|(_, u)| program(&u.variant.launch, &u.variant.defines));
+            quote!(#kopt::ComputedArgDef {
+                name: #name,
+                ty: #ty,
+                reference: #reference,
+                variants: &[#(#per_variant),*],
+            })
+        })
+        .collect();
     let scalar_names = spec.scalars().map(|s| s.name.as_str());
     let name = &spec.name;
     let crate_name = &cx.crate_name;
     let spec_json = spec.canonical_json();
+
+    let def = quote!(#kopt::KernelDef {
+        name: #name,
+        crate_name: #crate_name,
+        spec_json: #spec_json,
+        scalars: &[#(#scalar_names),*],
+        buffers: &[#(#buffers),*],
+        reference: #reference_def,
+        variants: &[#(#variants),*],
+        unusable: &[#(#unusable),*],
+    });
+    let constructor = if computed_defs.is_empty() {
+        quote!(#kopt::Kernel::new(#def))
+    } else {
+        quote!(#kopt::Kernel::with_computed(#def, &[#(#computed_defs),*]))
+    };
 
     // Cargo reruns the macro when any file it read changes.
     let tracked = reference_files
@@ -230,6 +293,7 @@ pub fn generate(
             let __kopt_args: [i64; #n_scalars] = [#(#scalar_values),*];
             #(#checks)*
             let __kopt_launch = #static_ident.prepare(__kopt_stream, &__kopt_args)?;
+            #(#computed)*
             #(#ptrs)*
             let mut __kopt_params: [*mut ::core::ffi::c_void; #n_params] = [#(#slots),*];
             // SAFETY: the parameters match the kernel's declared signature in order and
@@ -239,16 +303,7 @@ pub fn generate(
         }
 
         #[doc = concat!(" The kopt definition of [`", stringify!(#ident), "`]: its spec, variants, and which one runs where.")]
-        #vis static #static_ident: #kopt::Kernel = #kopt::Kernel::new(#kopt::KernelDef {
-            name: #name,
-            crate_name: #crate_name,
-            spec_json: #spec_json,
-            scalars: &[#(#scalar_names),*],
-            buffers: &[#(#buffers),*],
-            reference: #reference_def,
-            variants: &[#(#variants),*],
-            unusable: &[#(#unusable),*],
-        });
+        #vis static #static_ident: #kopt::Kernel = #constructor;
 
         #(#tracked)*
     }

@@ -386,6 +386,29 @@ impl Expr {
         out
     }
 
+    /// This expression with every variable for which `with` gives an expression replaced
+    /// by it (the replacement is not searched again).
+    pub fn substitute(&self, with: &dyn Fn(&str) -> Option<Expr>) -> Expr {
+        match self {
+            Expr::Int(i) => Expr::Int(*i),
+            Expr::Var(v) => with(v).unwrap_or_else(|| Expr::Var(v.clone())),
+            Expr::Unary(op, x) => Expr::Unary(*op, Box::new(x.substitute(with))),
+            Expr::Binary(op, a, b) => Expr::Binary(
+                *op,
+                Box::new(a.substitute(with)),
+                Box::new(b.substitute(with)),
+            ),
+            Expr::Call(f, args) => {
+                Expr::Call(*f, args.iter().map(|a| a.substitute(with)).collect())
+            }
+            Expr::If(c, t, e) => Expr::If(
+                Box::new(c.substitute(with)),
+                Box::new(t.substitute(with)),
+                Box::new(e.substitute(with)),
+            ),
+        }
+    }
+
     fn walk_vars<'a>(&'a self, out: &mut Vec<&'a str>) {
         match self {
             Expr::Int(_) => {}

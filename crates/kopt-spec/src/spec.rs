@@ -83,6 +83,33 @@ impl DType {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::Bf16)
     }
 
+    /// Whether an element of this type holds the integer `v` exactly: within the range of
+    /// an integer type, or with few enough significant bits (and a small enough exponent)
+    /// for a float type. Fixed contents (`values(...)`) must arrive as written.
+    pub fn holds_exactly(self, v: i64) -> bool {
+        let (significand, max_bit) = match self {
+            DType::F64 => (53, 1023),
+            DType::F32 => (24, 127),
+            DType::Bf16 => (8, 127),
+            DType::F16 => (11, 15),
+            DType::I64 => return true,
+            DType::U64 => return v >= 0,
+            DType::I32 => return i32::try_from(v).is_ok(),
+            DType::U32 => return u32::try_from(v).is_ok(),
+            DType::I16 => return i16::try_from(v).is_ok(),
+            DType::U16 => return u16::try_from(v).is_ok(),
+            DType::I8 => return i8::try_from(v).is_ok(),
+            DType::U8 => return u8::try_from(v).is_ok(),
+        };
+        let a = v.unsigned_abs();
+        if a == 0 {
+            return true;
+        }
+        let top = 63 - a.leading_zeros();
+        let bits = top + 1 - a.trailing_zeros();
+        bits <= significand && top <= max_bit
+    }
+
     /// The default tolerance for outputs of this type (DESIGN.md §4).
     pub fn default_tolerance(self) -> Tolerance {
         match self {
@@ -143,6 +170,22 @@ impl ScalarTy {
     pub fn is_float(self) -> bool {
         matches!(self, ScalarTy::F32 | ScalarTy::F64)
     }
+
+    pub fn from_name(s: &str) -> Option<ScalarTy> {
+        Self::ALL.iter().find(|(n, _)| *n == s).map(|(_, t)| *t)
+    }
+
+    /// Whether an integer type holds `v` (`usize` is 64 bits, as on every CUDA host).
+    /// Float types hold every integer an expression can give, rounded.
+    pub fn holds(self, v: i64) -> bool {
+        match self {
+            ScalarTy::I32 => i32::try_from(v).is_ok(),
+            ScalarTy::U32 => u32::try_from(v).is_ok(),
+            ScalarTy::I64 => true,
+            ScalarTy::U64 | ScalarTy::Usize => v >= 0,
+            ScalarTy::F32 | ScalarTy::F64 => true,
+        }
+    }
 }
 
 /// How a buffer is used by the kernel.
@@ -165,6 +208,11 @@ pub enum Distribution {
     /// Integers uniform over `[lo, hi)`: indices into other buffers, such as a paged KV
     /// cache's block table.
     Range { lo: Expr, hi: Expr },
+    /// Fixed contents, one expression of the scalars per element (a dims-and-strides
+    /// array): the same for every seed and variation, so only the shape changes them.
+    /// Integer expressions; a float buffer holds them converted (exactly, or the spec is
+    /// refused).
+    Values { values: Vec<Expr> },
 }
 
 /// Combined tolerance of an output. Verification passes an element when
@@ -194,6 +242,54 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    /// The fixed contents of a `values(...)` buffer for a shape (`args` in scalar order);
+    /// `None` for a buffer drawn at random. An error names what is wrong: an expression
+    /// that cannot be evaluated, fewer or more values than the buffer's length, or a value
+    /// the element type cannot hold exactly.
+    pub fn fixed_values(
+        &self,
+        spec: &KernelSpec,
+        args: &[i64],
+    ) -> Option<Result<Vec<i64>, String>> {
+        let Some(Distribution::Values { values }) = &self.distribution else {
+            return None;
+        };
+        let run = || -> Result<Vec<i64>, String> {
+            let eval = |e: &Expr| -> Result<i64, String> {
+                let p = spec.compile_expr(e, &BTreeMap::new())?;
+                expr::eval(&p, args).map_err(|err| format!("`{}`: value `{e}`: {err}", self.name))
+            };
+            let len = eval(&self.len)?;
+            if len != values.len() as i64 {
+                return Err(format!(
+                    "buffer `{}` has {} values but its length `{}` is {len}: give one value per element, for every shape",
+                    self.name,
+                    values.len(),
+                    self.len
+                ));
+            }
+            let out = values
+                .iter()
+                .map(eval)
+                .collect::<Result<Vec<i64>, String>>()?;
+            if let Some((i, v)) = out
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !self.dtype.holds_exactly(**v))
+            {
+                return Err(format!(
+                    "buffer `{}`: value {} (`{}`) is {v}, which {} cannot hold exactly",
+                    self.name,
+                    i + 1,
+                    values[i],
+                    self.dtype
+                ));
+            }
+            Ok(out)
+        };
+        Some(run())
+    }
+
     /// The tolerance verification applies to this output.
     pub fn effective_tolerance(&self, spec: &KernelSpec) -> Tolerance {
         self.tolerance
@@ -227,6 +323,78 @@ impl Param {
             Param::Scalar(s) => &s.name,
         }
     }
+}
+
+/// One argument of the kernel, when the annotation lists them (`args = (...)`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "arg")]
+pub enum KernelArg {
+    /// A launcher parameter, passed as the launcher receives it.
+    Param { name: String },
+    /// An integer the launcher computes for every launch.
+    Computed(ComputedArg),
+}
+
+/// A kernel argument computed by the launcher: `block_size: i32 = block_x`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComputedArg {
+    /// The argument's name, for people (kernel arguments are positional).
+    pub name: String,
+    /// An integer type.
+    pub ty: ScalarTy,
+    /// An expression of the integer scalars, the tunables (a version's own defines replace
+    /// them) and the version's launch geometry ([`GEOMETRY_NAMES`]).
+    pub value: Expr,
+}
+
+/// The names a computed argument's expression may use for the launch geometry of the
+/// version that runs: its launch rule evaluated for the shape (`cluster_*` is 1 where the
+/// rule sets no cluster; `smem` is the dynamic shared memory in bytes).
+pub const GEOMETRY_NAMES: &[&str] = &[
+    "grid_x",
+    "grid_y",
+    "grid_z",
+    "block_x",
+    "block_y",
+    "block_z",
+    "cluster_x",
+    "cluster_y",
+    "cluster_z",
+    "smem",
+];
+
+/// One kernel argument, resolved against the spec: what [`KernelSpec::kernel_args`] gives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArgRef<'a> {
+    /// A device buffer: its index in [`KernelSpec::params`] and among the buffers.
+    Buffer {
+        param: usize,
+        buffer: usize,
+        def: &'a Buffer,
+    },
+    /// A launcher scalar: its index in [`KernelSpec::params`].
+    Scalar { param: usize, def: &'a Scalar },
+    /// A computed argument: its index among the computed arguments.
+    Computed { index: usize, def: &'a ComputedArg },
+}
+
+impl<'a> KernelArgRef<'a> {
+    pub fn name(&self) -> &'a str {
+        match self {
+            KernelArgRef::Buffer { def, .. } => &def.name,
+            KernelArgRef::Scalar { def, .. } => &def.name,
+            KernelArgRef::Computed { def, .. } => &def.name,
+        }
+    }
+}
+
+/// A kernel argument's value for one launch of one version.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ArgValue {
+    /// The device pointer of buffer number N (in [`KernelSpec::buffers`] order).
+    Buffer(usize),
+    /// A scalar of this type.
+    Scalar(ScalarTy, Number),
 }
 
 /// A scalar's value in a shape: integers for sizes, floats for things like `eps`.
@@ -296,6 +464,21 @@ pub struct LaunchRule {
 }
 
 impl LaunchRule {
+    /// The expression behind a name of [`GEOMETRY_NAMES`] (`block_x` is `block[0]`).
+    pub fn geometry_expr(&self, name: &str) -> Option<Expr> {
+        if name == "smem" {
+            return Some(self.smem.clone());
+        }
+        let (what, axis) = name.split_once('_')?;
+        let i = ["x", "y", "z"].iter().position(|a| *a == axis)?;
+        match what {
+            "grid" => Some(self.grid[i].clone()),
+            "block" => Some(self.block[i].clone()),
+            "cluster" => Some(self.cluster.as_ref().map_or(Expr::Int(1), |c| c[i].clone())),
+            _ => None,
+        }
+    }
+
     /// Every expression of the rule with what it sets: `grid`, `block`, `smem`, `cluster`.
     pub fn exprs(&self) -> impl Iterator<Item = (&'static str, &Expr)> {
         self.grid
@@ -340,7 +523,15 @@ pub struct KernelSpec {
     pub reference: String,
     /// The `extern "C" __global__` entry point.
     pub entry: String,
+    /// The launcher's parameters after the stream, in order: the names expressions read.
+    /// Without `args` they are also the kernel's arguments; with it, see
+    /// [`Self::kernel_args`] (the one meaning of "the kernel's arguments").
     pub params: Vec<Param>,
+    /// The kernel's arguments in order, when they are not the launcher's parameters: the
+    /// launcher scalars it leaves out are launch-only, and computed ones are evaluated at
+    /// each launch. Absent: every parameter, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<KernelArg>>,
     pub launch: LaunchRule,
     pub shapes: Vec<Shape>,
     /// Ideal bytes moved (each input read once, each output written once).
@@ -377,10 +568,125 @@ impl KernelSpec {
         })
     }
 
-    /// Names bound in expressions, in slot order: every scalar argument (floats included,
-    /// so indices match the argument order), then the tunables.
+    /// Names bound in expressions, in slot order: every scalar parameter of the launcher
+    /// (floats included, so indices match the parameter order; launch-only ones too).
     pub fn scalar_names(&self) -> Vec<&str> {
         self.scalars().map(|s| s.name.as_str()).collect()
+    }
+
+    /// The kernel's arguments in launch order: the launcher's parameters named in `args`
+    /// and the computed ones, or every parameter when `args` is absent. Everything that
+    /// launches the kernel, or describes its signature, reads this.
+    pub fn kernel_args(&self) -> Vec<KernelArgRef<'_>> {
+        let param = |i: usize| match &self.params[i] {
+            Param::Buffer(b) => KernelArgRef::Buffer {
+                param: i,
+                buffer: self.params[..i]
+                    .iter()
+                    .filter(|p| matches!(p, Param::Buffer(_)))
+                    .count(),
+                def: b,
+            },
+            Param::Scalar(s) => KernelArgRef::Scalar { param: i, def: s },
+        };
+        let Some(list) = &self.args else {
+            return (0..self.params.len()).map(param).collect();
+        };
+        let mut computed = 0;
+        list.iter()
+            .map(|a| match a {
+                KernelArg::Param { name } => param(
+                    self.params
+                        .iter()
+                        .position(|p| p.name() == name)
+                        .unwrap_or_else(|| {
+                            panic!("`args` names `{name}`, which is not a parameter (the parser refuses such a spec)")
+                        }),
+                ),
+                KernelArg::Computed(c) => {
+                    computed += 1;
+                    KernelArgRef::Computed {
+                        index: computed - 1,
+                        def: c,
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The computed kernel arguments, in order.
+    pub fn computed_args(&self) -> impl Iterator<Item = &ComputedArg> {
+        self.args.iter().flatten().filter_map(|a| match a {
+            KernelArg::Computed(c) => Some(c),
+            KernelArg::Param { .. } => None,
+        })
+    }
+
+    /// Launcher scalars the kernel is not given: they drive lengths, geometry and
+    /// computed arguments only.
+    pub fn launch_only(&self) -> impl Iterator<Item = &Scalar> {
+        self.scalars().filter(|s| match &self.args {
+            None => false,
+            Some(list) => !list
+                .iter()
+                .any(|a| matches!(a, KernelArg::Param { name } if *name == s.name)),
+        })
+    }
+
+    /// A computed argument's program for a version with launch rule `launch` built with
+    /// `defines`: its geometry names replaced by that rule's expressions, its tunables by
+    /// the defines. Evaluated over the scalar arguments, like the launch rule.
+    pub fn computed_program(
+        &self,
+        c: &ComputedArg,
+        launch: &LaunchRule,
+        defines: &BTreeMap<String, i64>,
+    ) -> Result<Vec<expr::Op>, String> {
+        let e = c.value.substitute(&|n| {
+            GEOMETRY_NAMES
+                .contains(&n)
+                .then(|| launch.geometry_expr(n))
+                .flatten()
+        });
+        self.compile_expr(&e, defines)
+            .map_err(|m| format!("computed argument `{}` = `{}`: {m}", c.name, c.value))
+    }
+
+    /// The kernel's argument values for one launch of a version (launch rule and
+    /// defines) on a shape: buffers by index, launcher scalars from the shape, computed
+    /// ones evaluated and checked against their type.
+    pub fn kernel_arg_values(
+        &self,
+        launch: &LaunchRule,
+        defines: &BTreeMap<String, i64>,
+        values: &BTreeMap<String, Number>,
+    ) -> Result<Vec<ArgValue>, String> {
+        let args = self.value_args(values);
+        self.kernel_args()
+            .into_iter()
+            .map(|a| match a {
+                KernelArgRef::Buffer { buffer, .. } => Ok(ArgValue::Buffer(buffer)),
+                KernelArgRef::Scalar { def, .. } => Ok(ArgValue::Scalar(
+                    def.ty,
+                    values.get(&def.name).copied().unwrap_or(Number::Int(0)),
+                )),
+                KernelArgRef::Computed { def, .. } => {
+                    let p = self.computed_program(def, launch, defines)?;
+                    let v = expr::eval(&p, &args).map_err(|e| {
+                        format!("computed argument `{}` = `{}`: {e}", def.name, def.value)
+                    })?;
+                    if !def.ty.holds(v) {
+                        return Err(format!(
+                            "computed argument `{}` = `{}` is {v}, outside the range of {}",
+                            def.name,
+                            def.value,
+                            def.ty.name()
+                        ));
+                    }
+                    Ok(ArgValue::Scalar(def.ty, Number::Int(v)))
+                }
+            })
+            .collect()
     }
 
     /// The reference build's defines: each tunable at its default.
@@ -417,14 +723,13 @@ impl KernelSpec {
 
     /// Integer values of a shape, in scalar order (floats as 0: expressions never read them).
     pub fn shape_args(&self, shape: &Shape) -> Vec<i64> {
+        self.value_args(&shape.values)
+    }
+
+    /// [`Self::shape_args`] of a shape's values.
+    pub fn value_args(&self, values: &BTreeMap<String, Number>) -> Vec<i64> {
         self.scalars()
-            .map(|s| {
-                shape
-                    .values
-                    .get(&s.name)
-                    .and_then(|v| v.as_i64())
-                    .unwrap_or(0)
-            })
+            .map(|s| values.get(&s.name).and_then(|v| v.as_i64()).unwrap_or(0))
             .collect()
     }
 
@@ -592,6 +897,7 @@ enum DistDecl {
     Normal(f64, f64),
     Uniform(f64, f64),
     Range(Box<syn::Expr>, Box<syn::Expr>),
+    Values(Vec<syn::Expr>),
 }
 
 impl Parse for Opt {
@@ -653,7 +959,7 @@ fn parse_buffer_modifier(input: ParseStream, d: &mut BufferDecl) -> syn::Result<
     let word: Ident = input.call(syn::ext::IdentExt::parse_any).map_err(|e| {
         syn::Error::new(
             e.span(),
-            "expected a buffer modifier: in, out, inout, normal(..), uniform(..), range(..) or tol(..)",
+            "expected a buffer modifier: in, out, inout, normal(..), uniform(..), range(..), values(..) or tol(..)",
         )
     })?;
     let span = word.span();
@@ -698,6 +1004,22 @@ fn parse_buffer_modifier(input: ParseStream, d: &mut BufferDecl) -> syn::Result<
             }
             set_once(&mut d.distribution, (DistDecl::Range(lo, hi), span), "distribution")
         }
+        "values" => {
+            let c;
+            let paren = parenthesized!(c in input);
+            let list = Punctuated::<syn::Expr, Token![,]>::parse_terminated(&c)?;
+            if list.is_empty() {
+                return Err(syn::Error::new(
+                    paren.span.join(),
+                    "`values()` needs the buffer's contents, one expression per element, e.g. `values(rows, cols, cols, 1)`",
+                ));
+            }
+            set_once(
+                &mut d.distribution,
+                (DistDecl::Values(list.into_iter().collect()), span),
+                "distribution",
+            )
+        }
         "tol" => {
             let c;
             parenthesized!(c in input);
@@ -707,7 +1029,7 @@ fn parse_buffer_modifier(input: ParseStream, d: &mut BufferDecl) -> syn::Result<
         other => Err(syn::Error::new(
             span,
             format!(
-                "unknown buffer modifier `{other}`; expected in, out, inout, normal(mean, std), uniform(lo..hi), range(lo..hi) or tol(rtol = .., atol = ..)"
+                "unknown buffer modifier `{other}`; expected in, out, inout, normal(mean, std), uniform(lo..hi), range(lo..hi), values(a, b, ..) or tol(rtol = .., atol = ..)"
             ),
         )),
     }
@@ -809,6 +1131,7 @@ const KEYS: &[&str] = &[
     "constraints",
     "options",
     "include",
+    "args",
 ];
 
 fn parse_signature(item: &syn::ItemFn) -> syn::Result<Launcher> {
@@ -1099,6 +1422,8 @@ fn build_spec(
             ));
         }
     }
+    let tunable_spans: Vec<(String, Span)> =
+        tunables.iter().map(|(t, s)| (t.name.clone(), *s)).collect();
     let tunables: Vec<Tunable> = tunables.into_iter().map(|(t, _)| t).collect();
     let var_kind = |n: &str| -> Option<VarKind> {
         if let Some((_, t)) = scalar_names.iter().find(|(s, _)| s == n) {
@@ -1130,6 +1455,35 @@ fn build_spec(
         .filter(|(_, t)| !t.is_float())
         .map(|(n, _)| n.clone())
         .collect();
+    // Fixed contents: integer expressions of the scalars. Tunables are recognised only to
+    // say why they cannot appear (every build reads the same inputs).
+    let values_vars = |n: &str| -> Option<VarKind> {
+        scalar_only(n).or_else(|| tunables.iter().any(|t| t.name == n).then_some(VarKind::Int))
+    };
+    let values_expr = |buffer: &Ident, e: &syn::Expr| -> syn::Result<Expr> {
+        let x = expr::from_syn(e, Ty::Int, &values_vars, &scalar_int_names).map_err(|err| {
+            let m = err.to_string();
+            if m.contains("float") {
+                syn::Error::new(
+                    err.span(),
+                    format!("{m}: `values(...)` are integer expressions of the integer scalars (a float buffer holds them converted); write integers, or draw floats with `normal(..)` or `uniform(..)`"),
+                )
+            } else {
+                err
+            }
+        })?;
+        if let Some(t) = x
+            .vars()
+            .into_iter()
+            .find(|v| tunables.iter().any(|t| t.name == *v))
+        {
+            return Err(syn::Error::new(
+                e.span(),
+                format!("the contents of `{buffer}` cannot depend on the tunable `{t}`: every build of the kernel reads the same inputs; write them over the scalar parameters"),
+            ));
+        }
+        Ok(x)
+    };
 
     for d in &decls {
         match kinds.iter().find(|(i, _)| *i == d.name) {
@@ -1195,6 +1549,12 @@ fn build_spec(
                     Some((dir, _)) => dir,
                 };
                 let distribution = match (&d.distribution, direction) {
+                    (Some((DistDecl::Values(_), s)), Direction::Out) => {
+                        return Err(syn::Error::new(
+                            *s,
+                            format!("`{ident}` is an output (the kernel writes it); `values(...)` fixes an input's contents: declare it `inout` if the kernel reads them first, or drop `values`"),
+                        ))
+                    }
                     (Some((_, s)), Direction::Out) => {
                         return Err(syn::Error::new(
                             *s,
@@ -1243,6 +1603,12 @@ fn build_spec(
                             hi: expr::from_syn(hi, Ty::Int, &scalar_only, &scalar_int_names)?,
                         })
                     }
+                    (Some((DistDecl::Values(items), _)), _) => Some(Distribution::Values {
+                        values: items
+                            .iter()
+                            .map(|e| values_expr(&ident, e))
+                            .collect::<syn::Result<Vec<Expr>>>()?,
+                    }),
                 };
                 let tolerance = match (&d.tolerance, direction) {
                     (Some((_, s)), Direction::In) => {
@@ -1273,6 +1639,12 @@ fn build_spec(
             "the kernel writes no buffer: declare an output as `&mut CudaSlice<T>` (kopt verifies outputs)",
         ));
     }
+
+    // --- the kernel's arguments, when they are not the launcher's parameters
+    let args = match keys.get("args") {
+        Some((_, v)) => build_args(v.clone(), &launcher, &params, &tunables, &tunable_spans)?,
+        None => None,
+    };
 
     let int_expr = |key: &str, v: &TokenStream| -> syn::Result<Expr> {
         let e: syn::Expr = syn::parse2(v.clone())
@@ -1426,6 +1798,7 @@ fn build_spec(
         reference,
         entry,
         params,
+        args,
         launch: LaunchRule {
             grid,
             block,
@@ -1448,6 +1821,246 @@ fn build_spec(
             .unwrap_or(call_site),
     )?;
     Ok((spec, launcher))
+}
+
+/// `args = (x, y, ncols, block_size: i32 = block_x)`: one item per kernel argument.
+struct ArgDecl {
+    name: Ident,
+    ty: Option<syn::Type>,
+    value: Option<syn::Expr>,
+}
+
+const ARGS_EXAMPLE: &str = "`args = (x, y, ncols, block_size: i32 = block_x)`";
+
+fn parse_arg_list(v: TokenStream) -> syn::Result<(Span, Vec<ArgDecl>)> {
+    let parser = |c: ParseStream| -> syn::Result<(Span, Vec<ArgDecl>)> {
+        if !c.peek(syn::token::Paren) {
+            return Err(c.error(format!(
+                "list the kernel's arguments in order, in parentheses: {ARGS_EXAMPLE}"
+            )));
+        }
+        let content;
+        let paren = parenthesized!(content in c);
+        let mut out = Vec::new();
+        while !content.is_empty() {
+            let name: Ident = content.parse().map_err(|e| {
+                syn::Error::new(
+                    e.span(),
+                    "expected a parameter's name, or a computed argument `name: i32 = <expression>`",
+                )
+            })?;
+            let ty = if content.peek(Token![:]) {
+                content.parse::<Token![:]>()?;
+                Some(content.parse::<syn::Type>()?)
+            } else {
+                None
+            };
+            let value = if content.peek(Token![=]) {
+                content.parse::<Token![=]>()?;
+                Some(content.parse::<syn::Expr>()?)
+            } else {
+                None
+            };
+            out.push(ArgDecl { name, ty, value });
+            if !content.is_empty() {
+                content.parse::<Token![,]>()?;
+            }
+        }
+        Ok((paren.span.join(), out))
+    };
+    parser.parse2(v)
+}
+
+/// The kernel's argument list from `args = (...)`, checked against the launcher: every
+/// item a parameter or a typed computed argument, each once; every buffer passed; no
+/// floating-point parameter left unused. `None` when the list is every parameter in
+/// order, so that writing out the default does not change the spec (nor its hash).
+fn build_args(
+    v: TokenStream,
+    launcher: &Launcher,
+    params: &[Param],
+    tunables: &[Tunable],
+    tunable_spans: &[(String, Span)],
+) -> syn::Result<Option<Vec<KernelArg>>> {
+    let (list_span, decls) = parse_arg_list(v)?;
+    let fname = &launcher.ident;
+    let param_names: Vec<String> = params.iter().map(|p| p.name().to_string()).collect();
+    let param_span = |n: &str| {
+        launcher
+            .params
+            .iter()
+            .find(|(i, _)| i == n)
+            .map(|(i, _)| i.span())
+            .unwrap_or(list_span)
+    };
+    let scalar = |n: &str| {
+        params.iter().find_map(|p| match p {
+            Param::Scalar(s) if s.name == n => Some(s),
+            _ => None,
+        })
+    };
+    let is_tunable = |n: &str| tunables.iter().any(|t| t.name == n);
+
+    // Geometry names are bound in computed arguments only; there they must be unambiguous.
+    let computes = decls
+        .iter()
+        .any(|d| d.value.is_some() && !param_names.contains(&d.name.to_string()));
+    if computes {
+        let taken = params
+            .iter()
+            .filter_map(|p| match p {
+                Param::Scalar(s) => Some((s.name.as_str(), "parameter", param_span(&s.name))),
+                Param::Buffer(_) => None,
+            })
+            .chain(
+                tunable_spans
+                    .iter()
+                    .map(|(n, s)| (n.as_str(), "tunable", *s)),
+            );
+        for (name, what, span) in taken {
+            if GEOMETRY_NAMES.contains(&name) {
+                return Err(syn::Error::new(
+                    span,
+                    format!(
+                        "`{name}` names the launch geometry in computed arguments ({}): rename this {what}",
+                        GEOMETRY_NAMES.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    let vars = |n: &str| -> Option<VarKind> {
+        if let Some(s) = scalar(n) {
+            return Some(if s.ty.is_float() {
+                VarKind::Float
+            } else {
+                VarKind::Int
+            });
+        }
+        (is_tunable(n) || GEOMETRY_NAMES.contains(&n)).then_some(VarKind::Int)
+    };
+    let names: Vec<String> = params
+        .iter()
+        .filter_map(|p| match p {
+            Param::Scalar(s) if !s.ty.is_float() => Some(s.name.clone()),
+            _ => None,
+        })
+        .chain(tunables.iter().map(|t| t.name.clone()))
+        .chain(GEOMETRY_NAMES.iter().map(|g| g.to_string()))
+        .collect();
+
+    let mut out: Vec<KernelArg> = Vec::new();
+    let mut listed: Vec<String> = Vec::new();
+    for d in &decls {
+        let name = d.name.to_string();
+        let span = d.name.span();
+        if listed.contains(&name) {
+            return Err(syn::Error::new(
+                span,
+                format!("`{name}` is listed twice in `args`: list each kernel argument once, in the kernel's order"),
+            ));
+        }
+        listed.push(name.clone());
+        let is_param = param_names.contains(&name);
+        match (&d.ty, &d.value) {
+            (None, None) if is_param => out.push(KernelArg::Param { name }),
+            (None, None) => {
+                let hint = expr::closest(&name, &param_names)
+                    .map(|c| format!("; did you mean `{c}`?"))
+                    .unwrap_or_default();
+                return Err(syn::Error::new(
+                    span,
+                    format!("`{name}` is not a parameter of `{fname}`{hint} (a computed argument is written `{name}: i32 = <expression>`)"),
+                ));
+            }
+            (Some(ty), None) if is_param => {
+                return Err(syn::Error::new(
+                    ty.span(),
+                    format!("`{name}` is a parameter of `{fname}`: list it bare (`{name}`); its type comes from the signature"),
+                ))
+            }
+            (Some(ty), None) => {
+                return Err(syn::Error::new(
+                    span,
+                    format!(
+                        "computed argument `{name}` needs its value: `{name}: {} = <expression>`",
+                        quote::ToTokens::to_token_stream(ty)
+                    ),
+                ))
+            }
+            (_, Some(_)) if is_param => {
+                return Err(syn::Error::new(
+                    span,
+                    format!("`{name}` is a parameter of `{fname}`: list it bare to pass it as the launcher receives it, or give the computed argument a name of its own"),
+                ))
+            }
+            (None, Some(value)) => {
+                return Err(syn::Error::new(
+                    span,
+                    format!(
+                        "computed argument `{name}` needs a type: `{name}: i32 = {}` (i32, u32, i64, u64 or usize, as the kernel declares it)",
+                        quote::ToTokens::to_token_stream(value)
+                    ),
+                ))
+            }
+            (Some(ty), Some(value)) => {
+                if is_tunable(&name) {
+                    return Err(syn::Error::new(
+                        span,
+                        format!("`{name}` is a tunable, a preprocessor define that would rename the kernel's parameter in its source: give the computed argument another name"),
+                    ));
+                }
+                let written = last_segment(ty)
+                    .filter(|s| s.arguments.is_empty())
+                    .map(|s| s.ident.to_string());
+                let ty_kind = written.as_deref().and_then(ScalarTy::from_name);
+                let ty_kind = match ty_kind {
+                    Some(t) if t.is_float() => {
+                        return Err(syn::Error::new(
+                            ty.span(),
+                            format!("computed argument `{name}` is {}: computed arguments are integers (i32, u32, i64, u64 or usize), since kopt's expressions are integer arithmetic; pass a floating-point value as a launcher parameter and list it in `args`", t.name()),
+                        ))
+                    }
+                    Some(t) => t,
+                    None => {
+                        return Err(syn::Error::new(
+                            ty.span(),
+                            format!("computed argument `{name}`: expected an integer type, i32, u32, i64, u64 or usize, as the kernel declares it"),
+                        ))
+                    }
+                };
+                let value = expr::from_syn(value, Ty::Int, &vars, &names)?;
+                out.push(KernelArg::Computed(ComputedArg {
+                    name,
+                    ty: ty_kind,
+                    value,
+                }));
+            }
+        }
+    }
+    for p in params {
+        match p {
+            Param::Buffer(b) if !listed.contains(&b.name) => {
+                return Err(syn::Error::new(
+                    list_span,
+                    format!("buffer `{0}` is not in `args`: every device buffer is passed to the kernel; add `{0}` where the kernel takes it", b.name),
+                ))
+            }
+            Param::Scalar(s) if s.ty.is_float() && !listed.contains(&s.name) => {
+                return Err(syn::Error::new(
+                    param_span(&s.name),
+                    format!("`{0}` is a floating-point parameter the kernel is not given (it is not in `args`), and expressions read integers only, so nothing would use it: add `{0}` to `args`, or remove it", s.name),
+                ))
+            }
+            _ => {}
+        }
+    }
+    let is_every_param = out.len() == params.len()
+        && out
+            .iter()
+            .zip(params)
+            .all(|(a, p)| matches!(a, KernelArg::Param { name } if name == p.name()));
+    Ok((!is_every_param).then_some(out))
 }
 
 /// Each input read once and each output written once (in-out: both).
@@ -1768,6 +2381,23 @@ fn check_shapes_against_spec(spec: &KernelSpec, span: Span) -> syn::Result<()> {
                 ));
             }
         }
+        for b in spec.buffers() {
+            if let Some(Err(problem)) = b.fixed_values(spec, &args) {
+                return Err(syn::Error::new(
+                    span,
+                    format!("shape {} ({desc}): {problem}", i + 1),
+                ));
+            }
+        }
+        if let Err(problem) = spec.kernel_arg_values(&spec.launch, &defines, &shape.values) {
+            return Err(syn::Error::new(
+                span,
+                format!(
+                    "shape {} ({desc}): {problem} at the tunables' defaults",
+                    i + 1
+                ),
+            ));
+        }
         for c in &spec.constraints {
             if run("constraint", c)? == 0 {
                 return Err(syn::Error::new(
@@ -1916,6 +2546,347 @@ mod tests {
 
     fn err(args: TokenStream) -> String {
         parse(args, softmax_item()).unwrap_err().to_string()
+    }
+
+    /// candle's softmax: the launcher takes the row count, the kernel does not (it reads
+    /// the row from blockIdx), and its last argument must equal the block size.
+    fn candle_item() -> TokenStream {
+        quote! {
+            pub fn softmax(stream: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, ncols: u32);
+        }
+    }
+
+    fn candle_err(args: TokenStream) -> String {
+        parse(args, candle_item()).unwrap_err().to_string()
+    }
+
+    fn values_of(spec: &KernelSpec, shape: usize) -> Vec<ArgValue> {
+        spec.kernel_arg_values(
+            &spec.launch,
+            &spec.default_defines(),
+            &spec.shapes[shape].values,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn args_list_the_kernel_arguments_with_launch_only_and_computed_ones() {
+        let spec = parse(
+            quote! {
+                reference = "k.cu",
+                entry = "softmax_f32",
+                x: [rows * ncols],
+                y: [rows * ncols],
+                args = (x, y, ncols, block_size: i32 = block_x),
+                grid = rows,
+                block = BLOCK,
+                shapes = [{ rows: 8, ncols: 1000 }],
+                tunables = { BLOCK: 256 in [128, 256, 512] },
+            },
+            candle_item(),
+        )
+        .unwrap();
+        let names: Vec<&str> = spec.kernel_args().iter().map(|a| a.name()).collect();
+        assert_eq!(names, ["x", "y", "ncols", "block_size"]);
+        let launch_only: Vec<&str> = spec.launch_only().map(|s| s.name.as_str()).collect();
+        assert_eq!(launch_only, ["rows"]);
+        assert_eq!(
+            spec.scalar_names(),
+            ["rows", "ncols"],
+            "expressions read both"
+        );
+        assert_eq!(
+            values_of(&spec, 0),
+            [
+                ArgValue::Buffer(0),
+                ArgValue::Buffer(1),
+                ArgValue::Scalar(ScalarTy::U32, Number::Int(1000)),
+                ArgValue::Scalar(ScalarTy::I32, Number::Int(256)),
+            ]
+        );
+        // A version's defines and launch rule give its own value.
+        let defines = BTreeMap::from([("BLOCK".to_string(), 512)]);
+        let v = spec
+            .kernel_arg_values(&spec.launch, &defines, &spec.shapes[0].values)
+            .unwrap();
+        assert_eq!(v[3], ArgValue::Scalar(ScalarTy::I32, Number::Int(512)));
+        let mut launch = spec.launch.clone();
+        launch.block[0] = Expr::Int(128);
+        let v = spec
+            .kernel_arg_values(&launch, &defines, &spec.shapes[0].values)
+            .unwrap();
+        assert_eq!(v[3], ArgValue::Scalar(ScalarTy::I32, Number::Int(128)));
+        // The spec travels as JSON (jobs, the embedded definition) and reads back the same.
+        let json = spec.canonical_json();
+        assert!(
+            json.contains(r#""args":[{"arg":"param","name":"x"}"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#"{"arg":"computed","name":"block_size","ty":"i32","value":"block_x"}"#),
+            "{json}"
+        );
+        let back: KernelSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn computed_arguments_read_scalars_tunables_and_every_geometry_name() {
+        let spec = parse(
+            quote! {
+                reference = "k.cu",
+                x: [rows * ncols],
+                y: [rows * ncols],
+                args = (
+                    x, y,
+                    a: u32 = grid_x * 10 + grid_y,
+                    b: i64 = block_x * block_y * block_z,
+                    c: u64 = smem + cluster_x + cluster_y + cluster_z,
+                    d: usize = ceil_div(ncols, BLOCK) + rows,
+                ),
+                grid = (rows, 2, 1),
+                block = (BLOCK, 2, 3),
+                smem = BLOCK * 4,
+                shapes = [{ rows: 8, ncols: 1000 }],
+                tunables = { BLOCK: [128, 256] },
+            },
+            candle_item(),
+        )
+        .unwrap();
+        let n = |v: ArgValue| match v {
+            ArgValue::Scalar(_, n) => n.as_i64().unwrap(),
+            ArgValue::Buffer(_) => panic!("a buffer"),
+        };
+        let v = values_of(&spec, 0);
+        assert_eq!(
+            v[2..].iter().map(|v| n(*v)).collect::<Vec<_>>(),
+            [82, 768, 515, 16]
+        );
+        assert_eq!(spec.launch_only().count(), 2, "rows and ncols");
+        let mut launch = spec.launch.clone();
+        launch.cluster = Some([Expr::Int(2), Expr::Int(1), Expr::Int(1)]);
+        let v = spec
+            .kernel_arg_values(&launch, &spec.default_defines(), &spec.shapes[0].values)
+            .unwrap();
+        assert_eq!(n(v[4]), 512 + 4, "cluster_x follows the version's rule");
+    }
+
+    #[test]
+    fn args_that_repeat_the_parameters_are_no_args() {
+        let base = quote!(reference = "k.cu", x: [rows * ncols], y: [rows * ncols], grid = rows, block = 256, shapes = [{ rows: 8, ncols: 1000 }]);
+        let plain = parse(base.clone(), candle_item()).unwrap();
+        let explicit = parse(quote!(#base, args = (x, y, rows, ncols)), candle_item()).unwrap();
+        assert_eq!(explicit.args, None);
+        assert_eq!(explicit.canonical_json(), plain.canonical_json());
+        let json = plain.canonical_json();
+        assert!(
+            !json.contains("\"args\"") && !json.contains("\"kind\":\"values\""),
+            "{json}"
+        );
+        let reordered = parse(quote!(#base, args = (y, x, ncols, rows)), candle_item()).unwrap();
+        let kinds: Vec<String> = reordered
+            .kernel_args()
+            .iter()
+            .map(|a| match a {
+                KernelArgRef::Buffer { param, buffer, .. } => format!("b{param}/{buffer}"),
+                KernelArgRef::Scalar { param, .. } => format!("s{param}"),
+                KernelArgRef::Computed { index, .. } => format!("c{index}"),
+            })
+            .collect();
+        assert_eq!(kinds, ["b1/1", "b0/0", "s3", "s2"]);
+    }
+
+    #[test]
+    fn values_give_fixed_contents_checked_against_the_length() {
+        let item = quote! {
+            fn k(stream: &CudaStream, x: &CudaSlice<f32>, info: &CudaSlice<u32>, scale: &CudaSlice<f16>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);
+        };
+        let spec = parse(
+            quote! {
+                reference = "k.cu",
+                x: [rows * cols],
+                info: [4] values(rows, cols, cols, 1),
+                scale: [1] values(cols / 2),
+                y: [rows * cols],
+                grid = rows, block = 256,
+                shapes = [{ rows: 8, cols: 1000 }, { rows: 2, cols: 64 }],
+            },
+            item.clone(),
+        )
+        .unwrap();
+        let info = spec.buffers().nth(1).unwrap();
+        let args = spec.shape_args(&spec.shapes[1]);
+        assert_eq!(
+            info.fixed_values(&spec, &args),
+            Some(Ok(vec![2, 64, 64, 1]))
+        );
+        assert_eq!(
+            spec.buffers().nth(2).unwrap().fixed_values(&spec, &args),
+            Some(Ok(vec![32]))
+        );
+        assert_eq!(
+            spec.buffers().next().unwrap().fixed_values(&spec, &args),
+            None
+        );
+        let back: KernelSpec = serde_json::from_str(&spec.canonical_json()).unwrap();
+        assert_eq!(back, spec);
+
+        let e = parse(
+            quote!(reference = "k.cu", x: [rows * cols], info: [rows] values(rows, cols, cols, 1), scale: [1], y: [rows * cols], grid = rows, block = 256, shapes = [{ rows: 4, cols: 8 }, { rows: 3, cols: 8 }]),
+            item.clone(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("shape 2 (cols=8 rows=3)")
+                && e.contains("has 4 values but its length `rows` is 3"),
+            "{e}"
+        );
+        let e = parse(
+            quote!(reference = "k.cu", x: [rows * cols], info: [1] values(rows - 9), scale: [1], y: [rows * cols], grid = rows, block = 256, shapes = [{ rows: 4, cols: 8 }]),
+            item.clone(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("is -5, which u32 cannot hold exactly"), "{e}");
+        let e = parse(
+            quote!(reference = "k.cu", x: [rows * cols], info: [1], scale: [1] values(cols + 1), y: [rows * cols], grid = rows, block = 256, shapes = [{ rows: 4, cols: 4096 }]),
+            item.clone(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("is 4097, which f16 cannot hold exactly"), "{e}");
+    }
+
+    #[test]
+    fn exact_representation_of_integers() {
+        assert!(DType::F16.holds_exactly(2048) && DType::F16.holds_exactly(65504));
+        assert!(!DType::F16.holds_exactly(2049) && !DType::F16.holds_exactly(65536));
+        assert!(DType::Bf16.holds_exactly(256) && !DType::Bf16.holds_exactly(257));
+        assert!(DType::F32.holds_exactly(1 << 24) && !DType::F32.holds_exactly((1 << 24) + 1));
+        assert!(DType::F64.holds_exactly(-(1 << 53)) && !DType::F64.holds_exactly((1 << 53) + 1));
+        assert!(DType::U8.holds_exactly(255) && !DType::U8.holds_exactly(256));
+        assert!(DType::I8.holds_exactly(-128) && !DType::U32.holds_exactly(-1));
+        assert!(ScalarTy::I32.holds(i32::MAX as i64) && !ScalarTy::I32.holds(1 << 31));
+        assert!(!ScalarTy::Usize.holds(-1) && ScalarTy::U32.holds(u32::MAX as i64));
+    }
+
+    #[test]
+    fn args_and_values_errors_name_the_fix() {
+        let base = quote!(reference = "k.cu", x: [rows * ncols], y: [rows * ncols], grid = rows, block = BLOCK, shapes = [{ rows: 8, ncols: 1000 }], tunables = { BLOCK: [256] });
+        let e = candle_err(quote!(#base, args = (x, y, ncol)));
+        assert!(
+            e.contains("`ncol` is not a parameter of `softmax`; did you mean `ncols`?"),
+            "{e}"
+        );
+        let e = candle_err(quote!(#base, args = (y, ncols)));
+        assert!(e.contains("buffer `x` is not in `args`"), "{e}");
+        let e = candle_err(quote!(#base, args = (x, y, ncols, block_size = BLOCK)));
+        assert!(e.contains("needs a type: `block_size: i32 = BLOCK`"), "{e}");
+        let e = candle_err(quote!(#base, args = (x, y, ncols, scale: f32 = BLOCK)));
+        assert!(
+            e.contains("computed arguments are integers") && e.contains("launcher parameter"),
+            "{e}"
+        );
+        let e = candle_err(quote!(#base, args = (x, y, ncols, n: char = BLOCK)));
+        assert!(e.contains("expected an integer type"), "{e}");
+        let e = candle_err(quote!(#base, args = (x, y, ncols, block_size: i32 = blok_x)));
+        assert!(
+            e.contains("unknown name `blok_x`; did you mean `block_x`?"),
+            "{e}"
+        );
+        let e = candle_err(quote!(#base, args = (x, y, ncols, block_size: i32)));
+        assert!(
+            e.contains("needs its value: `block_size: i32 = <expression>`"),
+            "{e}"
+        );
+        let e = candle_err(quote!(#base, args = (x, y, ncols: u32)));
+        assert!(e.contains("list it bare (`ncols`)"), "{e}");
+        let e = candle_err(quote!(#base, args = (x, y, ncols: i32 = rows)));
+        assert!(e.contains("`ncols` is a parameter of `softmax`"), "{e}");
+        let e = candle_err(quote!(#base, args = (x, y, x)));
+        assert!(e.contains("`x` is listed twice"), "{e}");
+        let e = candle_err(quote!(#base, args = (x, y, BLOCK: i32 = BLOCK)));
+        assert!(e.contains("`BLOCK` is a tunable"), "{e}");
+        let e = candle_err(quote!(#base, args = [x, y]));
+        assert!(e.contains("in parentheses"), "{e}");
+        let e = candle_err(quote!(#base, args = (x, y, b: i32 = rows * 1000000000)));
+        assert!(
+            e.contains("shape 1 (ncols=1000 rows=8)")
+                && e.contains("is 8000000000, outside the range of i32"),
+            "{e}"
+        );
+        let e = candle_err(
+            quote!(#base, args = (x, y, ncols, b: i32 = if rows > 1 { 1 } else { 0 } == 1)),
+        );
+        assert!(e.contains("expected an integer"), "{e}");
+        // Geometry names are reserved only where computed arguments read them.
+        let geometry_item = quote!(
+            pub fn k(stream: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, block_x: u32);
+        );
+        let g = quote!(reference = "k.cu", x: [block_x], y: [block_x], grid = block_x, block = 1, shapes = [{ block_x: 8 }]);
+        assert!(parse(quote!(#g, args = (x, y)), geometry_item.clone()).is_ok());
+        let e = parse(quote!(#g, args = (x, y, n: u32 = block_x)), geometry_item)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`block_x` names the launch geometry")
+                && e.contains("rename this parameter"),
+            "{e}"
+        );
+        // A floating-point parameter the kernel is not given could not be read at all.
+        let e = parse(
+            quote!(reference = "k.cu", x: [n], y: [n], args = (x, y, n), grid = n, block = 1, shapes = [{ n: 8, eps: 0.5 }]),
+            quote!(fn k(stream: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: u32, eps: f32);),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`eps` is a floating-point parameter the kernel is not given"),
+            "{e}"
+        );
+
+        let item = quote!(
+            fn k(
+                stream: &CudaStream,
+                x: &CudaSlice<f32>,
+                info: &CudaSlice<i32>,
+                y: &mut CudaSlice<f32>,
+                n: u32,
+                eps: f32,
+            );
+        );
+        let v = |decl: TokenStream| {
+            parse(quote!(reference = "k.cu", x: [n], #decl, y: [n], grid = n, block = 1, shapes = [{ n: 8, eps: 0.5 }], tunables = { VEC: [1, 2] }), item.clone())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = v(quote!(info: [2] values(n, 1.5)));
+        assert!(
+            e.contains("float literal") && e.contains("write integers"),
+            "{e}"
+        );
+        let e = v(quote!(info: [2] values(n, eps)));
+        assert!(
+            e.contains("`eps` is a floating-point scalar") && e.contains("write integers"),
+            "{e}"
+        );
+        let e = v(quote!(info: [2] values(n, VEC)));
+        assert!(e.contains("cannot depend on the tunable `VEC`"), "{e}");
+        let e = v(quote!(info: [2] values()));
+        assert!(e.contains("needs the buffer's contents"), "{e}");
+        let e = v(quote!(info: [2] values(n, m)));
+        assert!(e.contains("unknown name `m`"), "{e}");
+        let e = parse(
+            quote!(reference = "k.cu", x: [n], info: [n], y: [2] values(n, 1), grid = n, block = 1, shapes = [{ n: 8, eps: 0.5 }]),
+            item.clone(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`y` is an output") && e.contains("declare it `inout`"),
+            "{e}"
+        );
     }
 
     #[test]

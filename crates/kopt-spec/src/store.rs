@@ -292,6 +292,11 @@ fn resolve_entry(
         spec.compile_expr(e, &defines)
             .map_err(|m| corrupt(format!("launch rule `{text}`: {m}")))?;
     }
+    // The launcher computes these arguments under the variant's launch rule and defines.
+    for c in spec.computed_args() {
+        spec.computed_program(c, launch, &defines)
+            .map_err(|m| corrupt(format!("launch rule: {m}")))?;
+    }
     let region = entry
         .region
         .as_deref()

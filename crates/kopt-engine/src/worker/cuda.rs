@@ -10,7 +10,7 @@ use std::time::Instant;
 use cudarc::driver::sys::{CUdevice_attribute as A, CUevent_flags, CUresult, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError};
 use kopt_spec::expr;
-use kopt_spec::spec::{Direction, KernelSpec, Number, Param, ScalarTy, Shape};
+use kopt_spec::spec::{ArgValue, Direction, KernelSpec, Number, ScalarTy, Shape};
 
 use super::{Backend, StepProgress};
 use crate::compare::{compare, OutputComparison};
@@ -709,6 +709,15 @@ impl CudaBackend {
             (Err(e), _) => return Err((out, Stop::Error(format!("reference geometry: {e}")))),
             (_, Err(e)) => return Err((out, Stop::Error(format!("candidate geometry: {e}")))),
         };
+        // Each version's kernel arguments: computed ones differ with its defines and rule.
+        let (ra, ca) = match (
+            job.reference.arg_values(spec, &case.values),
+            job.candidate.arg_values(spec, &case.values),
+        ) {
+            (Ok(r), Ok(c)) => (r, c),
+            (Err(e), _) => return Err((out, Stop::Error(format!("reference arguments: {e}")))),
+            (_, Err(e)) => return Err((out, Stop::Error(format!("candidate arguments: {e}")))),
+        };
         out.reference = Some(LaunchFigures {
             geometry: rg,
             occupancy: occupancy(rf, &rg, &self.info),
@@ -739,6 +748,7 @@ impl CudaBackend {
             case,
             (rf, &rg),
             (cf, &cg),
+            (&ra, &ca),
             &args,
             &elems,
             &mut bufs,
@@ -769,6 +779,7 @@ impl CudaBackend {
         case: &ShapeCase,
         (rf, rg): (&CudaFunction, &Geometry),
         (cf, cg): (&CudaFunction, &Geometry),
+        (ra, ca): (&[ArgValue], &[ArgValue]),
         args: &[i64],
         elems: &[usize],
         bufs: &mut Buffers,
@@ -813,7 +824,7 @@ impl CudaBackend {
                     &format!("{label}: reference launch (its time sets the hang limits)"),
                     None,
                 );
-                let t = step!(self.launch_alone(spec, rf, rg, &case.values, bufs, &pristine));
+                let t = step!(self.launch_alone(spec, rf, rg, &ra, bufs, &pristine));
                 if self.reference_launch_us.len() >= 1024 {
                     self.reference_launch_us.clear();
                 }
@@ -823,15 +834,15 @@ impl CudaBackend {
             let one = reference_us.map(|t| t * 1e-6);
             progress(&format!("{check}: candidate"), one);
             let (c1, modified, _) =
-                step!(self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true));
+                step!(self.run_once(spec, cf, cg, ca, bufs, &pristine, true));
             progress(&format!("{check}: reference"), one);
             let (reference, _, r_us) =
-                step!(self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false));
+                step!(self.run_once(spec, rf, rg, ra, bufs, &pristine, false));
             // Unwatched, the reference's first run here is its measured launch.
             let one = Some(*reference_us.get_or_insert(r_us) * 1e-6);
             progress(&format!("{check}: candidate again"), one);
             let (c2, modified2, c_us) =
-                step!(self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true));
+                step!(self.run_once(spec, cf, cg, ca, bufs, &pristine, true));
             launch_us = [r_us, c_us];
             progress(&format!("{check}: comparison"), None);
             let mut m = modified;
@@ -868,8 +879,7 @@ impl CudaBackend {
             |what: &str, expect: Option<f64>| progress(&format!("{label}: {what}"), expect);
         let times = self.time_pair(
             policy,
-            spec,
-            &case.values,
+            (ra, ca),
             (rf, rg),
             (cf, cg),
             bufs,
@@ -900,9 +910,9 @@ impl CudaBackend {
         let one = Some(t_ref * 1e-6);
         progress(&format!("{recheck}: reference"), one);
         let (reference, _, _) =
-            step!(self.run_once(spec, rf, rg, &case.values, bufs, &pristine, false));
+            step!(self.run_once(spec, rf, rg, ra, bufs, &pristine, false));
         progress(&format!("{recheck}: candidate"), one);
-        let (c, _, _) = step!(self.run_once(spec, cf, cg, &case.values, bufs, &pristine, true));
+        let (c, _, _) = step!(self.run_once(spec, cf, cg, ca, bufs, &pristine, true));
         progress(&format!("{recheck}: comparison"), None);
         out.checks.push(CheckReport {
             phase: Phase::AfterTiming,
@@ -953,12 +963,12 @@ impl CudaBackend {
         spec: &KernelSpec,
         f: &CudaFunction,
         g: &Geometry,
-        values: &BTreeMap<String, Number>,
+        kernel_args: &[ArgValue],
         bufs: &mut Buffers,
         pristine: &Pristine,
     ) -> Result<f64, Stop> {
         self.restore(spec, bufs, pristine)?;
-        let mut p = params(spec, values, bufs);
+        let mut p = params(kernel_args, bufs);
         timed_launch(&self.stream, f, g, &mut p)
     }
 
@@ -971,14 +981,14 @@ impl CudaBackend {
         spec: &KernelSpec,
         f: &CudaFunction,
         g: &Geometry,
-        values: &BTreeMap<String, Number>,
+        kernel_args: &[ArgValue],
         bufs: &mut Buffers,
         pristine: &Pristine,
         check_inputs: bool,
     ) -> Result<(Vec<Bytes>, Vec<String>, f64), Stop> {
         let s = self.stream.clone();
         self.restore(spec, bufs, pristine)?;
-        let mut p = params(spec, values, bufs);
+        let mut p = params(kernel_args, bufs);
         let launch_us = timed_launch(&s, f, g, &mut p)?;
         let mut outputs = Vec::new();
         let mut modified = Vec::new();
@@ -1026,8 +1036,7 @@ impl CudaBackend {
     fn time_pair(
         &mut self,
         policy: &TimingPolicy,
-        spec: &KernelSpec,
-        values: &BTreeMap<String, Number>,
+        kernel_args: (&[ArgValue], &[ArgValue]),
         r: (&CudaFunction, &Geometry),
         c: (&CudaFunction, &Geometry),
         base: &Buffers,
@@ -1061,8 +1070,8 @@ impl CudaBackend {
             }
         }
         let all: Vec<&Buffers> = std::iter::once(base).chain(extra.iter()).collect();
-        let mut pr: Vec<Params> = all.iter().map(|b| params(spec, values, b)).collect();
-        let mut pc: Vec<Params> = all.iter().map(|b| params(spec, values, b)).collect();
+        let mut pr: Vec<Params> = all.iter().map(|b| params(kernel_args.0, b)).collect();
+        let mut pc: Vec<Params> = all.iter().map(|b| params(kernel_args.1, b)).collect();
         // A first plan from the checks' launches: how many warm-up launches, and which
         // versions are too slow for a graph.
         let first = policy.plan(launch_us, sets);
@@ -1416,21 +1425,17 @@ struct Params {
     cells: Vec<u64>,
 }
 
-fn params(spec: &KernelSpec, values: &BTreeMap<String, Number>, bufs: &Buffers) -> Params {
-    let mut cells = Vec::new();
-    let mut bi = 0;
-    for p in &spec.params {
-        match p {
-            Param::Buffer(_) => {
-                cells.push(bufs.dev[bi].ptr);
-                bi += 1;
-            }
-            Param::Scalar(s) => {
-                let v = values.get(&s.name).copied().unwrap_or(Number::Int(0));
-                cells.push(scalar_cell(s.ty, v));
-            }
-        }
-    }
+/// The cells of one launch from the version's kernel arguments
+/// ([`KernelVersion::arg_values`]): launch-only scalars are not among them, computed ones
+/// are.
+fn params(kernel_args: &[ArgValue], bufs: &Buffers) -> Params {
+    let cells = kernel_args
+        .iter()
+        .map(|a| match *a {
+            ArgValue::Buffer(i) => bufs.dev[i].ptr,
+            ArgValue::Scalar(ty, v) => scalar_cell(ty, v),
+        })
+        .collect();
     Params { cells }
 }
 

@@ -38,6 +38,17 @@
 //! ([`crate::job::TimingPolicy::plan`]), sampled under the same stopping rule on the
 //! device's clock, the samples 0.995, 1, 1.005 and 1 times the time in turn (so that the
 //! median is the time itself).
+//! // kopt-fake: expect-args x y n=4 b=256  this version must be launched with exactly
+//! //                                    these kernel arguments (buffers by name, scalars
+//! //                                    as name=value), on every shape
+//! // kopt-fake: expect-input BUFFER 4 1 2  that input holds these elements, in both
+//! //                                    checks' variations (fixed contents)
+//! ```
+//!
+//! The fake device builds each version's kernel arguments as the CUDA worker does
+//! ([`KernelVersion::arg_values`]): a failure to compute them, or a version whose
+//! `expect-args`/`expect-input` lines do not match, is a shape error naming what the
+//! version was given.
 //!
 //! The reference runs at 3000 GB/s of its ideal bytes plus 3 µs; a one-launch copy
 //! (`copy_times`) at 4000 GB/s plus 2 µs.
@@ -65,7 +76,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kopt_spec::spec::{Direction, Shape};
+use kopt_spec::spec::{ArgValue, Direction, KernelSpec, Shape};
 
 use super::{Backend, StepProgress};
 use crate::compare::{BadElement, OutputComparison, Rule, Worst};
@@ -399,6 +410,31 @@ impl Backend for FakeBackend {
                     continue;
                 }
             };
+            let expectations = match (
+                job.reference.arg_values(spec, &case.values),
+                job.candidate.arg_values(spec, &case.values),
+            ) {
+                (Ok(ra), Ok(ca)) => [(&job.reference, ra), (&job.candidate, ca)]
+                    .iter()
+                    .flat_map(|(v, a)| expectations(spec, v, a, &args, job))
+                    .collect::<Vec<String>>(),
+                (Err(e), _) => vec![format!("reference arguments: {e}")],
+                (_, Err(e)) => vec![format!("candidate arguments: {e}")],
+            };
+            if !expectations.is_empty() {
+                report.shapes.push(ShapeReport {
+                    label: case.label.clone(),
+                    held_out: case.held_out,
+                    bytes,
+                    flops: None,
+                    error: Some(expectations.join("; ")),
+                    checks: vec![],
+                    inputs_modified: vec![],
+                    reference: None,
+                    candidate: None,
+                });
+                continue;
+            }
             let base_us = bytes as f64 / 3000e3 + 3.0;
             let ref_us = launch_ms(&rd)
                 .map(|ms| ms * 1e3)
@@ -690,6 +726,83 @@ impl FakeClock {
     }
 }
 
+/// `x y ncols=1000 block_size=256`: a version's kernel arguments as `expect-args` writes them.
+pub fn render_args(spec: &KernelSpec, values: &[ArgValue]) -> String {
+    spec.kernel_args()
+        .iter()
+        .zip(values)
+        .map(|(a, v)| match v {
+            ArgValue::Buffer(_) => a.name().to_string(),
+            ArgValue::Scalar(_, n) => format!("{}={n}", a.name()),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What a version's `expect-args` and `expect-input` lines find wrong with its launch.
+fn expectations(
+    spec: &KernelSpec,
+    v: &KernelVersion,
+    values: &[ArgValue],
+    args: &[i64],
+    job: &EvalJob,
+) -> Vec<String> {
+    let d = Directives::parse(&v.source);
+    let mut out = Vec::new();
+    if let Some((_, want)) = d.get("expect-args") {
+        let got = render_args(spec, values);
+        if got != want.join(" ") {
+            out.push(format!(
+                "fake device: `{}` was launched with arguments `{got}`, but its source expects `{}`",
+                v.id,
+                want.join(" ")
+            ));
+        }
+    }
+    for w in d.all("expect-input") {
+        let Some((name, want)) = w.split_first() else {
+            continue;
+        };
+        let Some((index, b)) = spec.buffers().enumerate().find(|(_, b)| &b.name == name) else {
+            out.push(format!(
+                "fake device: `{}` expects an input `{name}` the spec does not declare",
+                v.id
+            ));
+            continue;
+        };
+        let n = spec
+            .compile_expr(&b.len, &BTreeMap::new())
+            .ok()
+            .and_then(|p| kopt_spec::expr::eval(&p, args).ok())
+            .unwrap_or(0)
+            .max(0) as usize;
+        for (variation, seed) in [
+            (Variation::Declared, job.seeds.first),
+            (Variation::Shifted, job.seeds.second),
+        ] {
+            let got = crate::inputs::fill(b, spec, args, n, seed ^ index as u64, variation).map(
+                |bytes| {
+                    (0..n)
+                        .map(|i| crate::inputs::element(b.dtype, &bytes, i).to_string())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                },
+            );
+            match got {
+                Ok(got) if got == want.join(" ") => {}
+                Ok(got) => out.push(format!(
+                    "fake device: `{}` read `{name}` = `{got}` ({} inputs), but its source expects `{}`",
+                    v.id,
+                    variation.name(),
+                    want.join(" ")
+                )),
+                Err(e) => out.push(format!("fake device: inputs of `{name}`: {e}")),
+            }
+        }
+    }
+    out
+}
+
 fn fake_comparison(
     buffer: &str,
     dtype: kopt_spec::spec::DType,
@@ -757,5 +870,133 @@ fn fake_comparison(
             allowance: worst_allowance,
         }),
         first_bad: nan_bad.or(bad),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{held_out_shapes, Seeds, ShapeCase, TimingPolicy};
+    use crate::verdict::Judge;
+
+    /// A candle-style softmax with a dims array: `rows` sizes the grid only, `block_size`
+    /// must equal the block (computed per version), and `info` holds the shape.
+    fn spec() -> kopt_spec::KernelSpec {
+        let item = kopt_spec::spec::parse_item(
+            "fn softmax(s: &CudaStream, info: &CudaSlice<i32>, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, ncols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", entry = \"softmax_f32\", info: [2] values(rows, ncols), x: [rows * ncols], y: [rows * ncols], args = (x, y, ncols, block_size: i32 = block_x, info), grid = rows, block = BLOCK, shapes = [{ rows: 8, ncols: 1000 }], tunables = { BLOCK: 256 in [256, 512] }"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0
+    }
+
+    fn job(spec: &kopt_spec::KernelSpec, reference: &str, candidate: &str) -> EvalJob {
+        let mut r = KernelVersion::reference(spec, reference);
+        r.entry = "softmax_f32".into();
+        let mut c = r.clone();
+        c.id = "wide".into();
+        c.source = candidate.into();
+        c.defines.insert("BLOCK".into(), 512);
+        EvalJob {
+            spec: spec.clone(),
+            reference: r,
+            candidate: c,
+            shapes: spec.shapes.iter().map(ShapeCase::declared).collect(),
+            seeds: Seeds::from_base(7),
+            timing: Some(TimingPolicy::default()),
+        }
+    }
+
+    #[test]
+    fn each_version_is_launched_with_exactly_its_kernel_arguments() {
+        let spec = spec();
+        let job = job(
+            &spec,
+            "// kopt-fake: expect-args x y ncols=1000 block_size=256 info\n// kopt-fake: expect-input info 8 1000\n",
+            "// kopt-fake: expect-args x y ncols=1000 block_size=512 info\n// kopt-fake: expect-input info 8 1000\n",
+        );
+        let report = FakeBackend::new().evaluate(&job, &mut |_| {});
+        assert_eq!(report.shapes.len(), 1);
+        assert_eq!(report.shapes[0].error, None, "{:?}", report.shapes[0]);
+        let verdict = Judge::new(None).judge(&Ok(report));
+        assert!(verdict.accepted, "{:?}", verdict.failures);
+
+        // A version given other arguments than its kernel takes is a launch failure that
+        // says what it was given.
+        let wrong = job_with_candidate(
+            &job,
+            "// kopt-fake: expect-args x y ncols=1000 block_size=256 info\n",
+        );
+        let report = FakeBackend::new().evaluate(&wrong, &mut |_| {});
+        let error = report.shapes[0].error.clone().unwrap();
+        assert!(
+            error.contains("`wide` was launched with arguments `x y ncols=1000 block_size=512 info`, but its source expects `x y ncols=1000 block_size=256 info`"),
+            "{error}"
+        );
+        assert!(!Judge::new(None).judge(&Ok(report)).accepted);
+        let wrong = job_with_candidate(&job, "// kopt-fake: expect-input info 8 999\n");
+        let error = FakeBackend::new().evaluate(&wrong, &mut |_| {}).shapes[0]
+            .error
+            .clone()
+            .unwrap();
+        assert!(
+            error.contains("read `info` = `8 1000` (declared inputs)"),
+            "{error}"
+        );
+    }
+
+    fn job_with_candidate(job: &EvalJob, source: &str) -> EvalJob {
+        let mut j = job.clone();
+        j.candidate.source = source.into();
+        j
+    }
+
+    #[test]
+    fn fixed_contents_follow_held_out_shapes_and_ignore_seeds() {
+        let spec = spec();
+        let shapes = held_out_shapes(&spec, None, 3, 3, 1 << 30);
+        assert!(!shapes.is_empty());
+        for case in shapes {
+            let rows = case.values["rows"].as_i64().unwrap();
+            let ncols = case.values["ncols"].as_i64().unwrap();
+            let mut j = job(&spec, "", "");
+            j.shapes = vec![case];
+            let expect = format!("// kopt-fake: expect-input info {rows} {ncols}\n// kopt-fake: expect-args x y ncols={ncols} block_size=512 info\n");
+            j.candidate.source = expect;
+            for base in [1, 2, 3] {
+                j.seeds = Seeds::from_base(base);
+                let report = FakeBackend::new().evaluate(&j, &mut |_| {});
+                assert_eq!(report.shapes[0].error, None, "{:?}", report.shapes[0]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_computed_argument_outside_its_type_is_a_launch_error() {
+        let spec = spec();
+        let mut j = job(&spec, "", "");
+        // A candidate whose block (2^31 threads: a u32, so a geometry) does not fit the
+        // kernel's `int block_size`.
+        j.candidate.launch.block[0] = kopt_spec::expr::Expr::Binary(
+            kopt_spec::expr::BinOp::Mul,
+            Box::new(kopt_spec::expr::Expr::Var("BLOCK".into())),
+            Box::new(kopt_spec::expr::Expr::Int(1 << 22)),
+        );
+        let report = FakeBackend::new().evaluate(&j, &mut |_| {});
+        let error = report.shapes[0].error.clone().unwrap();
+        assert_eq!(
+            error,
+            "candidate arguments: computed argument `block_size` = `block_x` is 2147483648, outside the range of i32"
+        );
+        let verdict = Judge::new(None).judge(&Ok(report));
+        assert!(!verdict.accepted);
     }
 }
