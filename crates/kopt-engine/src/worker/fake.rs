@@ -923,7 +923,7 @@ mod tests {
             "// kopt-fake: expect-args x y ncols=1000 block_size=256 info\n// kopt-fake: expect-input info 8 1000\n",
             "// kopt-fake: expect-args x y ncols=1000 block_size=512 info\n// kopt-fake: expect-input info 8 1000\n",
         );
-        let report = FakeBackend::new().evaluate(&job, &mut |_| {});
+        let report = FakeBackend::new().evaluate(&job, &mut |_, _| {});
         assert_eq!(report.shapes.len(), 1);
         assert_eq!(report.shapes[0].error, None, "{:?}", report.shapes[0]);
         let verdict = Judge::new(None).judge(&Ok(report));
@@ -935,7 +935,7 @@ mod tests {
             &job,
             "// kopt-fake: expect-args x y ncols=1000 block_size=256 info\n",
         );
-        let report = FakeBackend::new().evaluate(&wrong, &mut |_| {});
+        let report = FakeBackend::new().evaluate(&wrong, &mut |_, _| {});
         let error = report.shapes[0].error.clone().unwrap();
         assert!(
             error.contains("`wide` was launched with arguments `x y ncols=1000 block_size=512 info`, but its source expects `x y ncols=1000 block_size=256 info`"),
@@ -943,7 +943,7 @@ mod tests {
         );
         assert!(!Judge::new(None).judge(&Ok(report)).accepted);
         let wrong = job_with_candidate(&job, "// kopt-fake: expect-input info 8 999\n");
-        let error = FakeBackend::new().evaluate(&wrong, &mut |_| {}).shapes[0]
+        let error = FakeBackend::new().evaluate(&wrong, &mut |_, _| {}).shapes[0]
             .error
             .clone()
             .unwrap();
@@ -973,7 +973,7 @@ mod tests {
             j.candidate.source = expect;
             for base in [1, 2, 3] {
                 j.seeds = Seeds::from_base(base);
-                let report = FakeBackend::new().evaluate(&j, &mut |_| {});
+                let report = FakeBackend::new().evaluate(&j, &mut |_, _| {});
                 assert_eq!(report.shapes[0].error, None, "{:?}", report.shapes[0]);
             }
         }
@@ -990,7 +990,7 @@ mod tests {
             Box::new(kopt_spec::expr::Expr::Var("BLOCK".into())),
             Box::new(kopt_spec::expr::Expr::Int(1 << 22)),
         );
-        let report = FakeBackend::new().evaluate(&j, &mut |_| {});
+        let report = FakeBackend::new().evaluate(&j, &mut |_, _| {});
         let error = report.shapes[0].error.clone().unwrap();
         assert_eq!(
             error,
