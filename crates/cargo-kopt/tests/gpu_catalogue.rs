@@ -10,7 +10,7 @@ use cargo_kopt::gather;
 use kopt_engine::engine::Engine;
 use kopt_engine::job::{KernelVersion, ShapeCase, TimingPolicy};
 use kopt_engine::parent::WorkerCommand;
-use kopt_engine::sanitizer::{self, SanitizerResult};
+use kopt_engine::sanitizer;
 use kopt_engine::verdict::{Fence, Judge};
 
 /// The worker binary: this build's, else (on a GPU runner) the staged one on PATH.
@@ -218,18 +218,9 @@ fn bad_candidates_are_rejected_for_the_right_reason() {
         let ev = engine.evaluate(&job, &mut |_| {});
         let mut verdict = judge.judge(&ev.report);
         if verdict.accepted {
-            for tool in ["memcheck", "racecheck"] {
-                if let r @ SanitizerResult::Errors { .. } =
-                    sanitizer::run(engine.worker.command(), &job, tool, scratch.path())
-                {
-                    verdict.accepted = false;
-                    verdict.failures.push(kopt_engine::verdict::Failure {
-                        fence: Fence::Sanitizer,
-                        shape: None,
-                        message: format!("{r:?}"),
-                    });
-                }
-            }
+            // The pass every winner of the loop goes through: the four tools.
+            let run = sanitizer::sanitize(engine.worker.command(), &job, scratch.path());
+            sanitizer::apply(&mut verdict, run);
         }
         let got = verdict.fences();
         let ok = if expected.is_empty() {
@@ -279,6 +270,74 @@ fn bad_candidates_are_rejected_for_the_right_reason() {
         engine.worker.starts
     );
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The example's row_sum with a tail-skipping cheat: it sums only the largest multiple of
+/// 1024 columns of each row, right on both declared shapes (16384 and 2048 columns).
+fn tail_skipping_row_sum(reference: &str) -> String {
+    let cut = "(cols & ~1023u)";
+    let s = reference
+        .replace(
+            "for (; c + (UNROLL - 1) * step < cols; c += UNROLL * step)",
+            &format!("for (; c + (UNROLL - 1) * step < {cut}; c += UNROLL * step)"),
+        )
+        .replace(
+            "for (; c < cols; c += step)",
+            &format!("for (; c < {cut}; c += step)"),
+        );
+    assert_ne!(s, reference, "the cheat must change the kernel");
+    s
+}
+
+/// A candidate that assumes `cols % 1024 == 0` is caught on its held-out shapes under
+/// every one of 20 seed salts (the salt picks the seeded part of the held-out shapes; the
+/// odd, minimal and power-of-two-crossing sizes are drawn whatever the salt).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_tail_skipping_candidate_is_caught_under_twenty_seed_salts() {
+    if !kopt::gpu::available_for_test() {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let g = gathered(scratch.path());
+    let k = g
+        .kernels
+        .iter()
+        .find(|k| k.spec.name == "row_sum")
+        .expect("the example's row_sum");
+    let source = tail_skipping_row_sum(&k.reference.text);
+    let candidate = KernelVersion {
+        id: "tail-skipping".into(),
+        source,
+        ..KernelVersion::reference(&k.spec, "")
+    };
+    let mut engine = gpu_engine(scratch.path(), 30);
+    let judge = Judge::new(engine.ceilings(false).ok());
+    let settings = Settings::default();
+    let mut caught = 0;
+    for salt in 0..20u64 {
+        let salt_file = eval::kopt_dir(&g).join("seed-salt");
+        std::fs::create_dir_all(salt_file.parent().unwrap()).unwrap();
+        std::fs::write(&salt_file, format!("{}", 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(salt + 1))).unwrap();
+        let job = eval::job(&g, k, candidate.clone(), None, &settings, false);
+        let verdict = judge.judge(&engine.evaluate(&job, &mut |_| {}).report);
+        let declared_ok = verdict
+            .failures
+            .iter()
+            .all(|f| f.shape.as_deref().is_none_or(|s| s.contains("held out")));
+        let held_out = verdict.fences().contains(&Fence::HeldOut);
+        println!(
+            "salt {salt}: {} ({} held-out shapes)",
+            verdict.summary().lines().next().unwrap_or(""),
+            job.shapes.iter().filter(|s| s.held_out).count()
+        );
+        assert!(declared_ok, "the cheat is right on the declared shapes: {}", verdict.summary());
+        if !verdict.accepted && held_out {
+            caught += 1;
+        }
+    }
+    println!("caught under {caught} of 20 seed salts");
+    assert_eq!(caught, 20);
 }
 
 #[test]

@@ -37,6 +37,8 @@ impl Env {
             .arg("--manifest-path")
             .arg(self.ws.manifest())
             .env("KOPT_CASES", self.cases_db())
+            // The scratch workspace's own target folder holds its pending area.
+            .env_remove("CARGO_TARGET_DIR")
             .env_remove("NO_COLOR");
         c
     }
