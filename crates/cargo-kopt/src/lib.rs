@@ -7,6 +7,7 @@
 //!   through NVRTC on the CPU;
 //! - [`eval`]: `verify` and `bench` through the evaluation engine;
 //! - [`render`]: their tables;
+//! - [`loop_record`]: the optimisation loop's record in the run journal, and resuming it;
 //! - [`profile`]: `cargo kopt profile`, the bottleneck snapshot of a kernel (issue 5);
 //! - [`store`]: `pending`, `accept`, `reject`, `revert --to`, `cases` over `kopt_store`;
 //! - [`report`]: `cargo kopt report`, the inputs of `kopt_report`'s HTML report;
@@ -21,6 +22,7 @@ pub mod commands;
 pub mod compile_check;
 pub mod eval;
 pub mod gather;
+pub mod loop_record;
 pub mod mcp;
 pub mod optimize;
 pub mod partition;

@@ -222,9 +222,18 @@ enum Command {
         /// The context's size limit, in tokens.
         #[arg(long, default_value_t = 60_000)]
         context_tokens: usize,
-        /// Continue the run with this id (its journal and sessions).
+        /// The run's id: a new run with this id, or, where its journal exists, that run
+        /// resumed (as `--resume`).
         #[arg(long)]
         run: Option<String>,
+        /// Go on with a run that was stopped (killed, interrupted): kernels whose loop
+        /// had finished are not run again; the others start where they started, the agent
+        /// answered from the recorded session while the questions are the recorded ones,
+        /// and recorded candidates answered from their verdicts in the journal. Give the
+        /// run's kernels, agent, reviewer, hint, thresholds and --no-sanitize again; budgets
+        /// may change.
+        #[arg(long, value_name = "RUN_ID", conflicts_with = "run")]
+        resume: Option<String>,
         /// Profile the reference without Nsight Compute (engine figures and the source).
         #[arg(long)]
         no_ncu: bool,
@@ -811,6 +820,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             hint,
             context_tokens,
             run,
+            resume,
             no_ncu,
             no_sanitize,
             from_reference,
@@ -832,7 +842,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     sanitize: !no_sanitize,
                     ..args.settings()
                 },
-                run_id: run,
+                resume: resume.is_some(),
+                run_id: run.or(resume),
                 ncu: kopt_profile::collect::NcuChoice {
                     explicit: None,
                     disabled: no_ncu,

@@ -648,6 +648,7 @@ impl Session {
             failure_class: verdict.failures.first().map(|f| f.fence.name().to_string()),
             detail: verdict.summary(),
             times_us: verdict.candidate_times(),
+            artefacts: vec![],
         });
         // The loop's rule for a new best, with this session's minimum gain, raised above
         // the noise measured when the kernel's session started.

@@ -2,7 +2,7 @@
 //! its judge, the run journal and recorded sessions as its record, and verified winners
 //! left as pending variants with their rationale.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,7 +11,7 @@ use kopt_agent::backend::{Backend, Client, Prices};
 use kopt_agent::command::External;
 use kopt_agent::http::{Anthropic, Endpoint, OpenAi};
 use kopt_agent::run::{self, Budget, Evaluate, Rules, Stop, Task};
-use kopt_agent::session::{Recorder, Replay};
+use kopt_agent::session::{Recorder, Replay, Resume, ResumeLog};
 use kopt_engine::engine::Engine;
 use kopt_engine::job::{EvalJob, KernelVersion};
 use kopt_engine::pool::{DeviceSelection, Slot};
@@ -24,10 +24,14 @@ use kopt_store::pending::{
     Baseline, EvidenceSummary, Fence as PendingFence, PendingMeta, PendingVariant,
 };
 use kopt_store::redact::Redactor;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::eval::{self, Settings};
 use crate::gather::{Gathered, Kernel};
+use crate::loop_record::{
+    self, Counts, PendingRecord, RecordedStart, RecordedVerdicts, RunRecord, StartRecord,
+    VerdictRecord,
+};
 
 /// Verifies candidates through the engine, judging against the current best.
 pub struct LoopEvaluator<'a> {
@@ -38,6 +42,9 @@ pub struct LoopEvaluator<'a> {
     pub settings: Settings,
     /// The last job evaluated (its shapes and seeds go into the evidence).
     pub last_job: Option<EvalJob>,
+    /// A resumed run's recorded verdicts: a candidate given the same job on the same
+    /// device against the same best is answered from its record, not the GPU.
+    pub recorded: RecordedVerdicts,
 }
 
 impl Evaluate for LoopEvaluator<'_> {
@@ -54,6 +61,10 @@ impl Evaluate for LoopEvaluator<'_> {
             &self.settings,
             true,
         );
+        if let Some(verdict) = self.recorded.answer(&job, best_us) {
+            self.last_job = Some(job);
+            return verdict;
+        }
         let ev = self.engine.evaluate(&job, &mut |_| {});
         let mut judge = self.judge.clone();
         judge.best_us = best_us.cloned();
@@ -73,6 +84,10 @@ impl Evaluate for LoopEvaluator<'_> {
         self.last_job = Some(job);
         verdict
     }
+
+    fn last_from_record(&self) -> bool {
+        self.recorded.last()
+    }
 }
 
 impl<'a> LoopEvaluator<'a> {
@@ -88,6 +103,7 @@ impl<'a> LoopEvaluator<'a> {
             judge,
             settings,
             last_job: None,
+            recorded: RecordedVerdicts::default(),
         }
     }
 
@@ -213,7 +229,7 @@ pub fn backend(spec: &str, cfg: &AgentConfig, entry: &str) -> Result<Box<dyn Bac
 }
 
 /// What a run did for one kernel.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct KernelResult {
     pub kernel: String,
     pub stop: Stop,
@@ -236,6 +252,26 @@ pub struct KernelResult {
     /// The starting version timed in two jobs: how far each shape's time moved.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub noise: Option<TimingNoise>,
+    /// In a resumed run: what came from the record of the run's earlier part.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<Resumption>,
+}
+
+/// What a resumed run took from its record for one kernel.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Resumption {
+    /// The kernel's loop had ended before: the result is the recorded one, nothing ran.
+    pub finished_before: bool,
+    /// The loop started where its record says (snapshot, starting version, noise, similar
+    /// cases) rather than measuring them again.
+    pub start_from_record: bool,
+    /// Exchanges answered from the recorded session.
+    pub exchanges: usize,
+    /// Verdicts answered from the journal instead of the GPU.
+    pub verdicts: usize,
+    /// The exchange from which the live agent answered, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_from: Option<(usize, String)>,
 }
 
 pub struct Options {
@@ -246,7 +282,11 @@ pub struct Options {
     pub hint: Option<String>,
     pub context_tokens: usize,
     pub settings: Settings,
+    /// The run's id (`--run`; a new one from the clock when absent). A run whose journal
+    /// exists is resumed.
     pub run_id: Option<String>,
+    /// `--resume`: the run must exist (its journal), and is continued from its record.
+    pub resume: bool,
     /// How the reference's bottleneck snapshot runs Nsight Compute (when it exists).
     pub ncu: kopt_profile::collect::NcuChoice,
     /// `--devices`: one worker per selected GPU, kernels scheduled across them (`None`:
@@ -288,6 +328,8 @@ struct RunShared<'a> {
     cases_at_start: Mutex<Option<kopt_store::cases::CaseLibrary>>,
     /// What the run's kernels spent together, against `--run-budget`.
     run_budget: run::RunBudget,
+    /// A resumed run's record of its kernels (empty for a new run).
+    record: Option<RunRecord>,
 }
 
 impl RunShared<'_> {
@@ -296,8 +338,82 @@ impl RunShared<'_> {
     }
 }
 
+/// The run's configuration as `run_started` records it; a resumed run must keep what
+/// [`loop_record::KEPT_OPTIONS`] names.
+fn run_config(opts: &Options) -> serde_json::Value {
+    serde_json::json!({ "agent": opts.agent, "reviewer": opts.reviewer, "kernels": opts.kernels, "hint": opts.hint, "run_budget": opts.run_limits, "min_gain": opts.rules.min_gain, "min_uniform_gain": opts.rules.min_uniform_gain, "from_reference": opts.from_reference, "context_tokens": opts.context_tokens, "sanitize": opts.settings.sanitize })
+}
+
+/// The record of run `run_id` to resume, after checking that this command is the same run.
+fn resume_record(
+    resumed: &kopt_store::journal::Resumed,
+    journal: &Journal,
+    config: &serde_json::Value,
+    run_id: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RunRecord, String> {
+    let recorded = resumed
+        .entries
+        .iter()
+        .find_map(|e| match &e.event {
+            Event::RunStarted { config, .. } => Some(config),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            format!("run `{run_id}` has no `run_started` event: it is not a run that can be resumed; start a new run")
+        })?;
+    if recorded.get("agent").is_none() {
+        return Err(format!(
+            "run `{run_id}` is not an optimisation run: resume it with the command that started it"
+        ));
+    }
+    let diff = loop_record::config_differences(recorded, config);
+    if !diff.is_empty() {
+        return Err(format!(
+            "run `{run_id}` cannot be resumed by this command: {}. Resume with the run's kernels, agent, reviewer, hint, gain thresholds, --from-reference, --context-tokens and --no-sanitize (budgets may change), or start a new run",
+            diff.join("; ")
+        ));
+    }
+    if let Some(t) = &resumed.torn {
+        progress(&format!(
+            "run `{run_id}`: the journal's line {} was cut short when the run stopped; kept in {} and cut",
+            t.line,
+            t.kept_in.display()
+        ));
+    }
+    RunRecord::read(&resumed.entries, journal.dir())
+}
+
+/// The case library as a resumed run found it when it started: without the cases its own
+/// candidates became (kernels that finished before the interruption recorded theirs).
+fn without_run_cases(
+    mut lib: kopt_store::cases::CaseLibrary,
+    record: &RunRecord,
+    run_id: &str,
+) -> kopt_store::cases::CaseLibrary {
+    let ours: BTreeSet<(String, String)> = record
+        .kernels
+        .iter()
+        .flat_map(|(kernel, r)| {
+            r.verdicts
+                .keys()
+                .map(move |c| (kernel.clone(), format!("{run_id}-{c}")))
+        })
+        .collect();
+    for case in lib.list(None, None).unwrap_or_default() {
+        if let Some(variant) = &case.origin.variant {
+            if ours.contains(&(case.origin.kernel.clone(), variant.clone())) {
+                let _ = lib.remove(&case.id);
+            }
+        }
+    }
+    lib
+}
+
 /// Runs the loop over the selected kernels: one kernel at a time on each device of
-/// `opts.devices`, the devices in parallel (see `kopt_engine::pool`).
+/// `opts.devices`, the devices in parallel (see `kopt_engine::pool`). A run whose journal
+/// exists (`--resume`, or `--run` with its id) goes on from its record
+/// ([`crate::loop_record`]).
 pub fn optimize(
     g: &Gathered,
     opts: &Options,
@@ -306,13 +422,30 @@ pub fn optimize(
     let cfg = AgentConfig::load(g)?;
     let kopt = KoptDir::new(&g.target_dir);
     let run_id = opts.run_id.clone().unwrap_or_else(now_id);
-    let (mut journal, _) = Journal::open_or_resume(&kopt, &run_id).map_err(|e| e.to_string())?;
-    journal
-        .append(Event::RunStarted {
-            config: serde_json::json!({ "agent": opts.agent, "reviewer": opts.reviewer, "kernels": opts.kernels, "hint": opts.hint, "run_budget": opts.run_limits, "min_gain": opts.rules.min_gain, "min_uniform_gain": opts.rules.min_uniform_gain }),
-            budget: serde_json::to_value(&opts.budget).expect("serialises"),
-        })
-        .map_err(|e| e.to_string())?;
+    let exists = journal_exists(&kopt, &run_id);
+    if opts.resume && !exists {
+        return Err(format!(
+            "run `{run_id}` has no journal in {}: `--resume` goes on with a run that was started (they are in {}); start one with `--run {run_id}`",
+            kopt.run_dir(&run_id).display(),
+            kopt.runs_root().display()
+        ));
+    }
+    let (mut journal, resumed) =
+        Journal::open_or_resume(&kopt, &run_id).map_err(|e| e.to_string())?;
+    let config = run_config(opts);
+    let record = if resumed.entries.is_empty() {
+        journal
+            .append(Event::RunStarted {
+                config,
+                budget: serde_json::to_value(&opts.budget).expect("serialises"),
+            })
+            .map_err(|e| e.to_string())?;
+        None
+    } else {
+        Some(resume_record(
+            &resumed, &journal, &config, &run_id, progress,
+        )?)
+    };
     let mut pool = eval::pool(g, &opts.settings, opts.devices.as_ref())?;
     for (_, engine) in pool.engines_mut() {
         engine.worker.step_timeout = opts.step_timeout;
@@ -327,12 +460,42 @@ pub fn optimize(
     // context never depends on which kernels another device finished first; they are
     // looked up once the kernel's snapshot gives its metric vector.
     let library = existing_case_library();
-    let cases_at_start = library.as_ref().and_then(|l| l.frozen().ok());
+    let cases_at_start = library
+        .as_ref()
+        .and_then(|l| l.frozen().ok())
+        .map(|l| match &record {
+            Some(r) => without_run_cases(l, r, &run_id),
+            None => l,
+        });
     let kernels: Vec<&Kernel> = g
         .kernels
         .iter()
         .filter(|k| opts.kernels.is_empty() || opts.kernels.contains(&k.spec.name))
         .collect();
+    let run_budget = run::RunBudget::new(opts.run_limits.clone());
+    if let Some(r) = &record {
+        // What the kernels that had finished spent stays spent.
+        let finished: Vec<&KernelResult> = kernels
+            .iter()
+            .filter_map(|k| r.kernels.get(&k.spec.name)?.finished.as_ref())
+            .map(|(result, _)| result)
+            .collect();
+        for f in &finished {
+            run_budget.charge((f.accepted + f.rejected) as u32, f.tokens, f.dollars);
+        }
+        let detail = format!(
+            "resumed: {} of {} kernel(s) had finished and are not run again",
+            finished.len(),
+            kernels.len()
+        );
+        progress(&format!("run `{run_id}` {detail}"));
+        journal
+            .append(Event::Resumed {
+                kernel: None,
+                detail,
+            })
+            .map_err(|e| e.to_string())?;
+    }
     let shared = RunShared {
         g,
         opts,
@@ -344,7 +507,8 @@ pub fn optimize(
         journal: Mutex::new(journal),
         library: Mutex::new(library),
         cases_at_start: Mutex::new(cases_at_start),
-        run_budget: run::RunBudget::new(opts.run_limits.clone()),
+        run_budget,
+        record,
     };
     let results = pool.try_map(
         &kernels,
@@ -353,21 +517,77 @@ pub fn optimize(
     )?;
     let results: Vec<KernelResult> = results.into_iter().map(|r| r.value).collect();
     let spent = shared.run_budget.spent();
-    let _ = shared.journal().append(Event::RunFinished {
-        summary: format!(
-            "{} kernel(s); {} candidate(s), {} token(s), ${:.2}",
-            results.len(),
-            spent.candidates,
-            spent.tokens,
-            spent.dollars
-        ),
-    });
+    // The counts the summary gives are the journal's own.
+    let counts = {
+        let mut journal = shared.journal();
+        let mut total = Counts::default();
+        for c in shared.counts(&journal).into_values() {
+            total += c;
+        }
+        let _ = journal.append(Event::RunFinished {
+            summary: format!(
+                "{} kernel(s); {} candidate(s), {} token(s), ${:.2}; {} accepted, {} rejected",
+                results.len(),
+                total.candidates,
+                spent.tokens,
+                spent.dollars,
+                total.accepted,
+                total.rejected
+            ),
+        });
+        total
+    };
     Ok(RunResult {
         dir: shared.run_dir.clone(),
         run: run_id,
         kernels: results,
         spent,
+        counts,
     })
+}
+
+/// Whether run `run_id` has a journal.
+fn journal_exists(kopt: &KoptDir, run_id: &str) -> bool {
+    kopt_store::layout::is_plain_name(run_id)
+        && kopt
+            .run_dir(run_id)
+            .join(kopt_store::journal::JOURNAL_FILE)
+            .is_file()
+}
+
+impl RunShared<'_> {
+    /// The journal's candidate counts per kernel, read back under its lock (`_journal`:
+    /// the guard, so that no line is half written meanwhile).
+    fn counts(&self, _journal: &Journal) -> BTreeMap<String, Counts> {
+        Journal::read(&self.kopt, &self.run_id)
+            .map(|r| loop_record::journal_counts(&r.entries))
+            .unwrap_or_default()
+    }
+
+    /// Appends a resumed run's note on `kernel`.
+    fn note(&self, kernel: &str, detail: String) {
+        let _ = self.journal().append(Event::Resumed {
+            kernel: Some(kernel.to_string()),
+            detail,
+        });
+    }
+
+    /// The agent backend of a kernel's session at `path`: recorded as it answers, and in
+    /// a resumed run answering from the recording first.
+    fn session_backend(
+        &self,
+        live: Box<dyn Backend>,
+        path: &std::path::Path,
+    ) -> Result<(Box<dyn Backend>, Option<ResumeLog>), String> {
+        if self.record.is_some() {
+            let r = Resume::open(path, live, self.redactor.clone())?;
+            let log = r.log();
+            Ok((Box::new(r), Some(log)))
+        } else {
+            let r = Recorder::new(live, path, self.redactor.clone()).map_err(|e| e.to_string())?;
+            Ok((Box::new(r), None))
+        }
+    }
 }
 
 /// What `cargo kopt optimize` did: the run, each kernel's result, and what the kernels
@@ -379,9 +599,104 @@ pub struct RunResult {
     pub dir: PathBuf,
     pub kernels: Vec<KernelResult>,
     pub spent: run::RunSpent,
+    /// Candidates, accepted and rejected, as the run's journal records them (what its
+    /// `run_finished` summary says).
+    pub counts: Counts,
 }
 
-/// The loop for one kernel, on the device of `slot`.
+/// A kernel whose loop had ended before the run was resumed: its recorded result, and its
+/// winner saved if the interruption came before that.
+fn finished_before(
+    run: &RunShared,
+    name: &str,
+    (result, pending): (&KernelResult, Option<&PendingRecord>),
+    pending_saved: bool,
+    progress: &dyn Fn(&str),
+) -> Result<KernelResult, String> {
+    let mut result = result.clone();
+    if let (Some(p), false) = (pending, pending_saved) {
+        run.journal()
+            .save_pending(&run.kopt, &p.clone().into_pending())
+            .map_err(|e| e.to_string())?;
+        progress(&format!(
+            "{name}: its winner is saved for review now (the run stopped before it was)"
+        ));
+    }
+    progress(&format!("{name}: its loop had finished; not run again"));
+    result.resumed = Some(Resumption {
+        finished_before: true,
+        ..Resumption::default()
+    });
+    Ok(result)
+}
+
+/// Writes a verified candidate to the journal: its source and its verdict in full as
+/// artefacts, then its `candidate` and `verdict` events.
+fn journal_verdict(
+    journal: &mut Journal,
+    kernel: &str,
+    key: String,
+    e: &run::Event,
+) -> kopt_store::Result<()> {
+    let run::Event::Verdict {
+        id,
+        round,
+        diagnosis,
+        point,
+        version,
+        verdict,
+        best_us,
+        ..
+    } = e
+    else {
+        return Ok(());
+    };
+    let stem = format!("{kernel}-{id}");
+    let source = journal.save_artefact(
+        &loop_record::unused_artefact(journal, None, &stem, "cu"),
+        &version.source,
+    )?;
+    let record = VerdictRecord {
+        format: loop_record::FORMAT,
+        kernel: kernel.to_string(),
+        candidate: id.clone(),
+        key,
+        best_us: best_us.clone(),
+        verdict: (**verdict).clone(),
+    };
+    let full = journal.save_artefact(
+        &loop_record::unused_artefact(journal, Some("verdicts"), &stem, "json"),
+        &serde_json::to_string(&record).expect("verdicts serialise"),
+    )?;
+    journal.append(Event::Candidate {
+        kernel: kernel.to_string(),
+        round: *round,
+        candidate: id.clone(),
+        summary: match point {
+            Some(p) => format!(
+                "a point of {}'s matrix, searched by the loop: {}",
+                p.base,
+                p.describe()
+            ),
+            None => diagnosis.clone(),
+        },
+        artefacts: vec![source],
+    })?;
+    journal.append(Event::Verdict {
+        kernel: kernel.to_string(),
+        candidate: id.clone(),
+        passed: verdict.accepted,
+        failure_class: verdict.failures.first().map(|f| f.fence.name().to_string()),
+        detail: verdict.summary(),
+        times_us: verdict.candidate_times(),
+        artefacts: vec![full],
+    })?;
+    Ok(())
+}
+
+/// The loop for one kernel, on the device of `slot`. Everything it does reaches the run's
+/// journal as it happens (shared with the other devices' kernels under a lock; each event
+/// names its kernel).
 fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<KernelResult, String> {
     let (g, opts, cfg) = (run.g, run.opts, &run.cfg);
     let progress = slot.progress;
@@ -391,15 +706,26 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         device: slot.ordinal,
         ..opts.settings.clone()
     };
+    let name = k.spec.name.clone();
+    let record = run.record.as_ref().and_then(|r| r.kernels.get(&name));
+    if let Some(rec) = record {
+        if let Some((result, pending)) = &rec.finished {
+            return finished_before(
+                run,
+                &name,
+                (result, pending.as_ref()),
+                rec.pending_saved,
+                progress,
+            );
+        }
+    }
     let device = engine.device().map_err(|e| e.to_string())?;
+    let identity = device.identity();
     if let Some(which) = run.run_budget.exhausted() {
         // A kernel the run's budget leaves no room for does not start.
-        progress(&format!(
-            "{}: not started, the {which} budget ran out",
-            k.spec.name
-        ));
+        progress(&format!("{name}: not started, the {which} budget ran out"));
         return Ok(KernelResult {
-            kernel: k.spec.name.clone(),
+            kernel: name,
             stop: Stop::Budget {
                 which: which.to_string(),
             },
@@ -414,95 +740,184 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             device: slot_ordinal,
             pending_refused: None,
             noise: None,
+            resumed: None,
         });
     }
     let ceilings = engine.ceilings(false).ok();
-    progress(&format!("{}: starting", k.spec.name));
-    let session = run
-        .run_dir
-        .join("sessions")
-        .join(format!("{}.jsonl", k.spec.name));
-    let proposer = Recorder::new(
-        backend(&opts.agent, cfg, &k.spec.entry)?,
-        &session,
-        run.redactor.clone(),
-    )
-    .map_err(|e| e.to_string())?;
-    let mut client = Client::new(Box::new(proposer));
+    let resuming = run.record.is_some();
+    progress(&format!(
+        "{name}: {}",
+        if resuming { "resuming" } else { "starting" }
+    ));
+    let session = run.run_dir.join("sessions").join(format!("{name}.jsonl"));
+    let (proposer, proposer_log) =
+        run.session_backend(backend(&opts.agent, cfg, &k.spec.entry)?, &session)?;
+    let mut client = Client::new(proposer);
     client.prices = cfg.prices.get(&opts.agent).copied().unwrap_or_default();
+    let mut reviewer_log = None;
     let mut reviewer = match &opts.reviewer {
         Some(r) => {
-            let rec = Recorder::new(
+            let (b, log) = run.session_backend(
                 backend(r, cfg, &k.spec.entry)?,
-                run.run_dir
+                &run.run_dir
                     .join("sessions")
-                    .join(format!("{}-reviewer.jsonl", k.spec.name)),
-                run.redactor.clone(),
-            )
-            .map_err(|e| e.to_string())?;
-            let mut c = Client::new(Box::new(rec));
+                    .join(format!("{name}-reviewer.jsonl")),
+            )?;
+            reviewer_log = log;
+            let mut c = Client::new(b);
             c.prices = cfg.prices.get(r).copied().unwrap_or_default();
             Some(c)
         }
         None => None,
     };
-    // The reference's bottleneck snapshot: the agent's first input.
-    progress(&format!("{}: profiling the reference", k.spec.name));
-    // The kernel's own copy, so that no lock is held while it profiles.
-    let cases_at_start = run
-        .cases_at_start
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .and_then(|l| l.frozen().ok());
-    let snapshot = profile_reference(
-        g,
-        k,
-        engine,
-        (&settings, &opts.ncu),
-        cases_at_start.as_ref(),
-        &run.run_dir.join("profile").join(&k.spec.name),
-        &mut |m| progress(m),
-    );
+    // Where the loop starts: from its record when it had started on this device with the
+    // same accepted variant (so that the agent is asked the same first question), else
+    // measured now.
+    let accepted_now = k
+        .state
+        .entries
+        .iter()
+        .find(|e| e.entry.arch == device.arch)
+        .map(|e| (e.entry.variant.clone(), e.entry.source_hash.clone()));
+    let recorded_start = record
+        .and_then(|r| r.started.as_ref())
+        .and_then(|(dev, s)| {
+            let why = if dev != &identity {
+                Some(format!("its record comes from another device ({dev})"))
+            } else if s.accepted != accepted_now {
+                Some("the variant accepted for the architecture changed since".to_string())
+            } else if (&s.reference_hash, &s.spec_hash) != (&k.hashes.reference, &k.hashes.spec) {
+                Some("the kernel's reference or annotation changed since".to_string())
+            } else {
+                None
+            };
+            match why {
+                None => Some(s),
+                Some(why) => {
+                    progress(&format!(
+                        "{name}: the loop's start is measured again: {why}"
+                    ));
+                    run.note(&name, format!("the loop's start is measured again: {why}"));
+                    None
+                }
+            }
+        });
+    let (snapshot, cases) = match recorded_start {
+        Some(s) => (s.snapshot.clone(), s.cases.clone()),
+        None => {
+            // The reference's bottleneck snapshot: the agent's first input.
+            progress(&format!("{name}: profiling the reference"));
+            // The kernel's own copy, so that no lock is held while it profiles.
+            let cases_at_start = run
+                .cases_at_start
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .and_then(|l| l.frozen().ok());
+            let snapshot = profile_reference(
+                g,
+                k,
+                engine,
+                (&settings, &opts.ncu),
+                cases_at_start.as_ref(),
+                &run.run_dir.join("profile").join(&name),
+                &mut |m| progress(m),
+            );
+            let metrics = snapshot
+                .as_ref()
+                .map(|s| s.metrics.clone())
+                .unwrap_or_default();
+            let cases = similar_cases(cases_at_start.as_ref(), &name, &k.reference.text, &metrics);
+            if let Some(s) = &snapshot {
+                let _ = run.journal().append(Event::Profile {
+                    kernel: name.clone(),
+                    candidate: None,
+                    summary: s.render(3),
+                    artefacts: vec![format!("profile/{name}/snapshot.json")],
+                });
+            }
+            (snapshot, cases)
+        }
+    };
     let reference_metrics = snapshot
         .as_ref()
         .map(|s| s.metrics.clone())
         .unwrap_or_default();
-    let cases = similar_cases(
-        cases_at_start.as_ref(),
-        &k.spec.name,
-        &k.reference.text,
-        &reference_metrics,
-    );
-    if let Some(s) = &snapshot {
-        let _ = run.journal().append(Event::Profile {
-            kernel: k.spec.name.clone(),
-            candidate: None,
-            summary: s.render(3),
-            artefacts: vec![format!("profile/{}/snapshot.json", k.spec.name)],
-        });
-    }
-    let mut evaluator = LoopEvaluator::new(g, k, engine, settings);
+    let mut evaluator = LoopEvaluator::new(g, k, engine, settings.clone());
     let Starting {
         start,
         baseline,
         noise,
-    } = settle_start(
-        k,
-        &device.arch,
-        opts.from_reference,
-        &mut evaluator,
-        &mut |e| {
-            let _ = run.journal().append(e);
+    } = match recorded_start {
+        Some(s) => Starting {
+            start: s.start.as_ref().map(|r| run::Start {
+                version: r.version.clone(),
+                verdict: r.verdict.clone(),
+            }),
+            baseline: s.start.as_ref().and_then(|r| r.baseline.clone()),
+            noise: s.noise.clone(),
         },
-        &mut |m| progress(m),
-    );
+        None => {
+            let starting = settle_start(
+                k,
+                &device.arch,
+                opts.from_reference,
+                &mut evaluator,
+                &mut |e| {
+                    let _ = run.journal().append(e);
+                },
+                &mut |m| progress(m),
+            );
+            let start = StartRecord {
+                format: loop_record::FORMAT,
+                reference_hash: k.hashes.reference.clone(),
+                spec_hash: k.hashes.spec.clone(),
+                accepted: accepted_now.clone(),
+                start: starting.start.as_ref().map(|s| RecordedStart {
+                    version: s.version.clone(),
+                    verdict: s.verdict.clone(),
+                    baseline: starting.baseline.clone(),
+                }),
+                noise: starting.noise.clone(),
+                cases: cases.clone(),
+                snapshot: snapshot.clone(),
+            };
+            let mut journal = run.journal();
+            let rel = loop_record::unused_artefact(
+                &journal,
+                Some("loop"),
+                &format!("{name}-start"),
+                "json",
+            );
+            let written = journal
+                .save_artefact(
+                    &rel,
+                    &serde_json::to_string(&start).expect("starts serialise"),
+                )
+                .and_then(|rel| {
+                    journal.append(Event::KernelStarted {
+                        kernel: name.clone(),
+                        device: identity.clone(),
+                        artefacts: vec![rel],
+                    })
+                });
+            if let Err(e) = written {
+                progress(&format!(
+                    "{name}: the loop's start is not recorded ({e}): a resumed run measures it again"
+                ));
+            }
+            starting
+        }
+    };
+    if let Some(r) = record {
+        evaluator.recorded = RecordedVerdicts::new(identity.clone(), r.verdicts.clone());
+    }
     let rules = match &noise {
         Some(n) => {
             let r = opts.rules.above_noise(&n.deviations);
             progress(&format!(
                 "{}: timing noise up to {:.1}% between two jobs of `{}`; a win needs {:.1}% on a shape or {:.1}% overall",
-                k.spec.name,
+                name,
                 100.0 * n.largest(),
                 n.version,
                 100.0 * r.min_gain,
@@ -516,7 +931,8 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         spec: &k.spec,
         reference: KernelVersion::reference(&k.spec, &k.reference.text),
         start,
-        run_budget: Some(&run.run_budget).filter(|b| !b.limits.is_unlimited()),
+        // Always charged, so that the run's summary counts what every kernel spent.
+        run_budget: Some(&run.run_budget),
         device: format!(
             "{} ({}, {} SMs, {} MiB L2){}",
             device.name,
@@ -547,7 +963,16 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         context_tokens: opts.context_tokens,
     };
     let (mut accepted, mut rejected, mut best) = (0usize, 0usize, None::<f64>);
-    let name = k.spec.name.clone();
+    let recorded_ids: BTreeSet<String> = record
+        .map(|r| r.verdicts.keys().cloned().collect())
+        .unwrap_or_default();
+    let recorded_malformed = record.map(|r| r.malformed.clone()).unwrap_or_default();
+    let logs: Vec<ResumeLog> = [proposer_log.clone(), reviewer_log.clone()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut noted_live = vec![false; logs.len()];
+    let mut journal_failed = false;
     let outcome = run::optimize(
         &task,
         &mut client,
@@ -556,6 +981,109 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         &opts.budget,
         &rules,
         &mut |e| {
+            // The record, as it happens; what a resumed run answered from its record is
+            // in the journal already.
+            let written = match &e {
+                run::Event::Exchange {
+                    round,
+                    purpose,
+                    prompt,
+                    reply,
+                    tokens,
+                    from_record,
+                } => {
+                    for (log, noted) in logs.iter().zip(noted_live.iter_mut()) {
+                        if let (false, Some((at, why))) = (*noted, log.get().live_from) {
+                            *noted = true;
+                            let kept = log
+                                .get()
+                                .kept_in
+                                .map(|p| {
+                                    format!(
+                                        "; the recorded exchanges from there are kept in {}",
+                                        p.display()
+                                    )
+                                })
+                                .unwrap_or_default();
+                            progress(&format!(
+                                "{name}: the live agent answers from exchange {at}: {why}"
+                            ));
+                            run.note(
+                                &name,
+                                format!("the live agent answers from exchange {at}: {why}{kept}"),
+                            );
+                        }
+                    }
+                    if *from_record {
+                        Ok(())
+                    } else {
+                        let mut j = run.journal();
+                        j.append(Event::Prompt {
+                            kernel: name.clone(),
+                            round: *round,
+                            role: purpose.clone(),
+                            text: prompt.clone(),
+                        })
+                        .and_then(|_| {
+                            j.append(Event::Reply {
+                                kernel: name.clone(),
+                                round: *round,
+                                role: purpose.clone(),
+                                text: reply.clone().unwrap_or_else(|e| format!("error: {e}")),
+                                tokens: *tokens,
+                            })
+                        })
+                        .map(|_| ())
+                    }
+                }
+                run::Event::Verdict {
+                    id,
+                    version,
+                    from_record,
+                    ..
+                } if !from_record => {
+                    if recorded_ids.contains(id) {
+                        run.note(
+                            &name,
+                            format!("{id} was verified again: its job, device or best differ from those of its recorded verdict"),
+                        );
+                    }
+                    let job = eval::job(g, k, (**version).clone(), None, &settings, true);
+                    let key = loop_record::verdict_key(&job, &identity);
+                    journal_verdict(&mut run.journal(), &name, key, &e)
+                }
+                run::Event::Malformed { round, id, error }
+                    if !recorded_malformed.contains(&(id.clone(), error.clone())) =>
+                {
+                    let mut j = run.journal();
+                    j.append(Event::Candidate {
+                        kernel: name.clone(),
+                        round: *round,
+                        candidate: id.clone(),
+                        summary: String::new(),
+                        artefacts: vec![],
+                    })
+                    .and_then(|_| {
+                        j.append(Event::Verdict {
+                            kernel: name.clone(),
+                            candidate: id.clone(),
+                            passed: false,
+                            failure_class: Some(loop_record::MALFORMED.into()),
+                            detail: error.clone(),
+                            times_us: BTreeMap::new(),
+                            artefacts: vec![],
+                        })
+                    })
+                    .map(|_| ())
+                }
+                _ => Ok(()),
+            };
+            if let (Err(err), false) = (written, journal_failed) {
+                journal_failed = true;
+                progress(&format!(
+                    "{name}: the run's journal could not be written ({err}): a resumed run cannot answer from what follows"
+                ));
+            }
             match &e {
                 run::Event::Verdict { accepted: a, .. } => {
                     if *a {
@@ -572,10 +1100,32 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             let round = match &e {
                 run::Event::Round { round } => format!("round {round}"),
                 run::Event::Request { purpose } => format!("asking ({purpose})"),
+                run::Event::Exchange {
+                    purpose,
+                    from_record,
+                    ..
+                } => format!(
+                    "{purpose} answered{}",
+                    if *from_record { " from the record" } else { "" }
+                ),
                 run::Event::Candidate { id } => format!("verifying {id}"),
-                run::Event::Verdict { id, summary, .. } => {
-                    format!("{id}: {}", summary.lines().next().unwrap_or(""))
+                run::Event::Verdict {
+                    id,
+                    summary,
+                    from_record,
+                    ..
+                } => {
+                    format!(
+                        "{id}{}: {}",
+                        if *from_record {
+                            " (from the journal)"
+                        } else {
+                            ""
+                        },
+                        summary.lines().next().unwrap_or("")
+                    )
                 }
+                run::Event::Malformed { id, .. } => format!("{id}: no usable proposal"),
                 run::Event::Improved { id, speedup } => format!("{id} improves: {speedup:.2}x"),
                 run::Event::Reflection => "reflection turn".into(),
                 run::Event::Review { id, objections } => {
@@ -609,72 +1159,30 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         },
     );
     let last_job = evaluator.last_job.clone();
-    // The record: every exchange, candidate and verdict, in one piece (another device's
-    // kernel waits for the journal meanwhile).
-    let mut journal = run.journal();
-    for (req, reply) in &outcome.transcript {
-        let _ = journal.append(Event::Prompt {
-            kernel: name.clone(),
-            round: 0,
-            role: req.purpose.clone(),
-            text: req
-                .messages
-                .last()
-                .map(|m| m.content.clone())
-                .unwrap_or_default(),
-        });
-        let _ = journal.append(Event::Reply {
-            kernel: name.clone(),
-            round: 0,
-            role: req.purpose.clone(),
-            text: reply.clone().unwrap_or_else(|e| format!("error: {e}")),
-            tokens: None,
-        });
-    }
-    for t in &outcome.tried {
-        let mut artefacts = Vec::new();
-        if let Some(r) = &t.resolved {
-            if let Ok(a) = journal.save_artefact(&format!("{name}-{}.cu", t.id), &r.source) {
-                artefacts.push(a);
-            }
+    let resumed = resuming.then(|| {
+        let report = proposer_log.as_ref().map(|l| l.get()).unwrap_or_default();
+        Resumption {
+            finished_before: false,
+            start_from_record: recorded_start.is_some(),
+            exchanges: logs.iter().map(|l| l.get().replayed).sum(),
+            verdicts: evaluator.recorded.answered,
+            live_from: report.live_from,
         }
-        let _ = journal.append(Event::Candidate {
-            kernel: name.clone(),
-            round: t.round,
-            candidate: t.id.clone(),
-            summary: match (&t.point, &t.resolved) {
-                (Some(p), _) => format!(
-                    "a point of {}'s matrix, searched by the loop: {}",
-                    p.base,
-                    p.describe()
-                ),
-                (None, Some(r)) => r.proposal.diagnosis.summary.clone(),
-                (None, None) => String::new(),
-            },
-            artefacts,
-        });
-        let _ = journal.append(Event::Verdict {
-            kernel: name.clone(),
-            candidate: t.id.clone(),
-            passed: t.verdict.as_ref().is_some_and(|v| v.accepted),
-            failure_class: t
-                .verdict
-                .as_ref()
-                .and_then(|v| v.failures.first())
-                .map(|f| f.fence.name().to_string())
-                .or(t.error.as_ref().map(|_| "malformed".into())),
-            detail: t
-                .verdict
-                .as_ref()
-                .map(|v| v.summary())
-                .or(t.error.clone())
-                .unwrap_or_default(),
-            times_us: t
-                .verdict
-                .as_ref()
-                .map(|v| v.candidate_times())
-                .unwrap_or_default(),
-        });
+    });
+    if let Some(r) = &resumed {
+        run.note(
+            &name,
+            format!(
+                "{} exchange(s) answered from the recorded session and {} verdict(s) from the journal; the loop's start {}",
+                r.exchanges,
+                r.verdicts,
+                if r.start_from_record {
+                    "from its record"
+                } else {
+                    "measured again"
+                }
+            ),
+        );
     }
     if let Some(lib) = run
         .library
@@ -694,12 +1202,17 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             }
         }
     }
+    // The kernel's counts are the journal's, as the run's summary's are.
+    let counts = {
+        let journal = run.journal();
+        run.counts(&journal).remove(&name).unwrap_or_default()
+    };
     let mut result = KernelResult {
         kernel: name.clone(),
         stop: outcome.stop.clone(),
         rounds: outcome.rounds,
-        accepted,
-        rejected,
+        accepted: counts.accepted,
+        rejected: counts.rejected,
         best_speedup: best,
         pending: None,
         escalation: None,
@@ -708,18 +1221,21 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         device: slot_ordinal,
         pending_refused: None,
         noise,
+        resumed,
     };
     if let Stop::Escalated { reason, suspicion } = &outcome.stop {
         let note = format!(
             "# `{name}` needs a person\n\n{reason}.\n\nWhat kopt suspects: {suspicion}\n\nThe run's journal, sessions and candidates are in this folder. Resume with guidance:\n\n    cargo kopt optimize {name} --agent {} --hint \"...\"\n",
             opts.agent
         );
-        result.escalation = journal
+        result.escalation = run
+            .journal()
             .save_artefact(&format!("{name}-escalation.md"), &note)
             .ok();
     }
+    let mut pending = None;
     if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
-        let pending = match pending_variant(&Winner {
+        match pending_variant(&Winner {
             k,
             arch: &device.arch,
             device_name: &device.name,
@@ -745,18 +1261,41 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             baseline: baseline.clone(),
             rules: Some(&rules),
         }) {
-            Ok(p) => p,
+            Ok(p) => pending = Some(p),
             Err(e) => {
                 progress(&format!("{name}: the winner is not recorded: {e}"));
                 result.pending_refused = Some(e);
-                return Ok(result);
             }
-        };
-        let saved = journal
-            .save_pending(&run.kopt, &pending)
+        }
+    }
+    result.pending = pending.as_ref().map(|p| p.label());
+    // The loop's end, with the winner's pending variant in full before it is saved: a run
+    // stopped between the two saves it when resumed.
+    let mut journal = run.journal();
+    let artefacts = match &pending {
+        Some(p) => {
+            let rel = loop_record::unused_artefact(&journal, Some("pending"), &name, "json");
+            vec![journal
+                .save_artefact(
+                    &rel,
+                    &serde_json::to_string(&PendingRecord::of(p))
+                        .expect("pending variants serialise"),
+                )
+                .map_err(|e| e.to_string())?]
+        }
+        None => vec![],
+    };
+    journal
+        .append(Event::KernelFinished {
+            kernel: name.clone(),
+            result: serde_json::to_value(&result).expect("results serialise"),
+            artefacts,
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some(p) = &pending {
+        journal
+            .save_pending(&run.kopt, p)
             .map_err(|e| e.to_string())?;
-        let _ = saved;
-        result.pending = Some(pending.label());
     }
     Ok(result)
 }
@@ -852,7 +1391,7 @@ pub fn settle_start(
 
 /// The same version timed in two jobs: per declared shape, how far its time moved
 /// (second / first - 1).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimingNoise {
     /// The version timed twice: the loop's starting point.
     pub version: String,

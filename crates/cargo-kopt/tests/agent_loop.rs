@@ -60,6 +60,7 @@ impl Setup {
             judge: Judge::new(ceilings),
             settings: Settings::default(),
             last_job: None,
+            recorded: Default::default(),
         }
     }
 
@@ -611,7 +612,10 @@ fn cargo_kopt_optimize_leaves_a_pending_variant_with_its_record() {
             "{tool} in the evidence: {pending}"
         );
     }
-    assert!(pending.contains("skipped (the fake device runs no kernel to sanitize)"), "{pending}");
+    assert!(
+        pending.contains("skipped (the fake device runs no kernel to sanitize)"),
+        "{pending}"
+    );
     assert!(!pending.contains(": clean"), "{pending}");
     let o = run(&["cases", "list", "--message-format", "json"]);
     let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -1213,5 +1217,378 @@ fn the_win_thresholds_are_set_on_the_command_line_and_stated_in_the_rationale() 
     assert!(
         err.contains("a gain threshold is a percentage from 0 to below 100"),
         "{err}"
+    );
+}
+
+/// An agent script that answers its Nth request with `replies[N-1]` (the last reply from
+/// then on), counting requests in `agent-count`, and that kills the `cargo kopt` process
+/// asking it (its parent, with SIGKILL) on request `kill_at`, when there is such a file.
+fn agent_that_kills(ws: &kopt_tests::ExampleWorkspace, replies: &[String]) -> String {
+    let dir = ws.root.join("killing-agent");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, text) in replies.iter().enumerate() {
+        let reply = json!({ "text": text, "usage": { "input_tokens": 900, "output_tokens": 100 } });
+        std::fs::write(dir.join(format!("reply-{}.json", i + 1)), reply.to_string()).unwrap();
+    }
+    let script = dir.join("agent.sh");
+    let d = dir.display();
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncat > /dev/null\nn=$(( $(cat '{d}/agent-count' 2>/dev/null || echo 0) + 1 ))\necho $n > '{d}/agent-count'\nif [ -e '{d}/kill-at-'$n ]; then kill -9 $PPID; exit 0; fi\nr=$n\nwhile [ ! -e '{d}/reply-'$r.json ]; do r=$((r - 1)); done\ncat '{d}/reply-'$r.json\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    format!("cmd:{}", script.display())
+}
+
+/// The journal's events, parsed.
+fn events(ws: &kopt_tests::ExampleWorkspace, run_id: &str) -> Vec<serde_json::Value> {
+    journal_of(ws, run_id)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Per the journal: (candidates, accepted, rejected), each candidate by its last verdict,
+/// replies without a proposal left out (counted here independently of kopt's own code).
+fn journal_tally(events: &[serde_json::Value]) -> (usize, usize, usize) {
+    let mut last = std::collections::BTreeMap::new();
+    for e in events.iter().filter(|e| e["event"] == "verdict") {
+        if e["failure_class"] != "malformed" {
+            last.insert(
+                (e["kernel"].to_string(), e["candidate"].to_string()),
+                e["passed"].as_bool().unwrap(),
+            );
+        }
+    }
+    let accepted = last.values().filter(|p| **p).count();
+    (last.len(), accepted, last.len() - accepted)
+}
+
+fn summary_of(events: &[serde_json::Value]) -> String {
+    events
+        .iter()
+        .rev()
+        .find(|e| e["event"] == "run_finished")
+        .map(|e| e["summary"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_killed_run_keeps_its_verdicts_and_resumes_without_evaluating_them_again() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    let agent = agent_that_kills(
+        &ws,
+        &[
+            proposal(&s.source("// kopt-fake: speedup 1.3")),
+            proposal(&s.source("// kopt-fake: speedup 1.3")),
+            proposal(&s.source("// kopt-fake: speedup 1.5")),
+        ],
+    );
+    let agent_dir = ws.root.join("killing-agent");
+    let asked = || {
+        std::fs::read_to_string(agent_dir.join("agent-count"))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    // Killed while asking for its second round, after the first candidate's verdict.
+    std::fs::write(agent_dir.join("kill-at-2"), "").unwrap();
+    let optimize = |flag: &str| {
+        kopt_on_fake(
+            &ws,
+            &[
+                "optimize",
+                "softmax",
+                "--no-ncu",
+                "--agent",
+                &agent,
+                "--budget",
+                "rounds=2",
+                flag,
+                "killed",
+                "--message-format",
+                "json",
+            ],
+        )
+    };
+    let o = optimize("--run");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&o.status),
+        Some(9),
+        "{}",
+        kopt_tests::text(&o)
+    );
+    let before = events(&ws, "killed");
+    let kinds: Vec<&str> = before
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert!(
+        !kinds.contains(&"run_finished") && !kinds.contains(&"kernel_finished"),
+        "{kinds:?}"
+    );
+    for kind in ["kernel_started", "prompt", "reply", "candidate", "verdict"] {
+        assert!(
+            kinds.contains(&kind),
+            "{kind} reached the journal: {kinds:?}"
+        );
+    }
+    let verdict = before
+        .iter()
+        .find(|e| e["event"] == "verdict" && e["candidate"] == "r1c1")
+        .expect("the first candidate's verdict is in the journal");
+    assert_eq!(verdict["passed"], true, "{verdict}");
+    let run_dir = ws.root.join("target/kopt/runs/killed");
+    let full: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run_dir.join(verdict["artefacts"][0].as_str().unwrap())).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(full["candidate"], "r1c1");
+    assert_eq!(
+        full["verdict"]["accepted"], true,
+        "the verdict in full: {full}"
+    );
+    let candidate = before
+        .iter()
+        .find(|e| e["event"] == "candidate" && e["candidate"] == "r1c1")
+        .unwrap();
+    assert!(
+        std::fs::read_to_string(run_dir.join(candidate["artefacts"][0].as_str().unwrap()))
+            .unwrap()
+            .contains("kopt-fake: speedup 1.3"),
+        "its source"
+    );
+    assert_eq!(asked(), "2");
+
+    // Resumed: every evaluation the resumed run makes lands in an emptied cache.
+    let cache = ws.root.join("target/kopt/cache/eval");
+    std::fs::remove_dir_all(&cache).unwrap();
+    let o = optimize("--resume");
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let k = &v["kernels"][0];
+    assert_eq!(k["rounds"], 2, "{v}");
+    assert_eq!(
+        k["resumed"],
+        json!({
+            "finished_before": false,
+            "start_from_record": true,
+            "exchanges": 1,
+            "verdicts": 1,
+            "live_from": [1, "the recording ends after 1 exchange(s)"]
+        }),
+        "{v}"
+    );
+    assert_eq!(asked(), "3", "the agent was asked round 2 only");
+    let evaluated = std::fs::read_dir(&cache).unwrap().count();
+    assert_eq!(
+        evaluated, 1,
+        "only round 2's candidate reached the device: neither r1c1 nor the start was measured again"
+    );
+    assert_eq!(k["pending"], "llm-kernels/softmax/sm_90", "{v}");
+    let after = events(&ws, "killed");
+    let verdicts_of = |id: &str| {
+        after
+            .iter()
+            .filter(|e| e["event"] == "verdict" && e["candidate"] == id)
+            .count()
+    };
+    assert_eq!((verdicts_of("r1c1"), verdicts_of("r2c1")), (1, 1));
+    assert_eq!(
+        after.iter().filter(|e| e["event"] == "prompt").count(),
+        2,
+        "each exchange once"
+    );
+    assert!(after.iter().any(|e| e["event"] == "resumed"
+        && e["detail"].as_str().unwrap().contains(
+            "1 exchange(s) answered from the recorded session and 1 verdict(s) from the journal"
+        )));
+    // The summary's counts are the journal's.
+    let (candidates, accepted, rejected) = journal_tally(&after);
+    assert_eq!((candidates, accepted, rejected), (2, 2, 0));
+    assert_eq!(
+        (k["accepted"].as_u64(), k["rejected"].as_u64()),
+        (Some(2), Some(0))
+    );
+    assert_eq!(
+        v["counts"],
+        json!({"candidates": 2, "accepted": 2, "rejected": 0}),
+        "{v}"
+    );
+    assert_eq!(v["spent"]["candidates"], 2, "{v}");
+    let summary = summary_of(&after);
+    assert!(
+        summary.starts_with("1 kernel(s); 2 candidate(s), 2000 token(s)")
+            && summary.ends_with("; 2 accepted, 0 rejected"),
+        "{summary}"
+    );
+
+    // A kernel whose loop had finished is not run again.
+    let o = optimize("--resume");
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let again: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        again["kernels"][0]["resumed"]["finished_before"], true,
+        "{again}"
+    );
+    assert_eq!(again["kernels"][0]["pending"], k["pending"]);
+    assert_eq!(asked(), "3");
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+    let last = events(&ws, "killed");
+    assert_eq!(journal_tally(&last), (2, 2, 0));
+    assert!(summary_of(&last).contains("2 candidate(s)"));
+
+    // Resuming needs the run's options, and a run that exists.
+    let o = kopt_on_fake(
+        &ws,
+        &[
+            "optimize",
+            "softmax",
+            "--no-ncu",
+            "--agent",
+            "heuristic",
+            "--resume",
+            "killed",
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("cannot be resumed by this command: agent: the run has"),
+        "{}",
+        kopt_tests::text(&o)
+    );
+    let o = kopt_on_fake(&ws, &["optimize", "softmax", "--resume", "never-started"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("run `never-started` has no journal"),
+        "{}",
+        kopt_tests::text(&o)
+    );
+}
+
+#[test]
+fn a_resumed_run_whose_context_changed_asks_the_agent_again() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    let agent = agent_that_kills(
+        &ws,
+        &[
+            proposal(&s.source("// kopt-fake: speedup 1.3")),
+            proposal(&s.source("// kopt-fake: speedup 1.3")),
+            proposal(&s.source("// kopt-fake: speedup 1.4")),
+        ],
+    );
+    let agent_dir = ws.root.join("killing-agent");
+    // Killed while asking for its second round, after the first candidate's verdict.
+    std::fs::write(agent_dir.join("kill-at-2"), "").unwrap();
+    let optimize = |flag: &str| {
+        kopt_on_fake(
+            &ws,
+            &[
+                "optimize",
+                "softmax",
+                "--no-ncu",
+                "--from-reference",
+                "--agent",
+                &agent,
+                "--budget",
+                "rounds=2",
+                flag,
+                "changed",
+                "--message-format",
+                "json",
+            ],
+        )
+    };
+    let o = optimize("--run");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&o.status),
+        Some(9),
+        "{}",
+        kopt_tests::text(&o)
+    );
+    // The reference changes: its source is in the agent's first question.
+    let cu = ws.krate.join("kernels/softmax.cu");
+    let text = std::fs::read_to_string(&cu).unwrap();
+    std::fs::write(&cu, format!("{text}\n// edited after the kill\n")).unwrap();
+    let o = optimize("--resume");
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let resumed = &v["kernels"][0]["resumed"];
+    assert_eq!(resumed["start_from_record"], false, "{v}");
+    assert_eq!(resumed["exchanges"], 0, "{v}");
+    assert_eq!(resumed["verdicts"], 0, "{v}");
+    let why = resumed["live_from"][1].as_str().unwrap();
+    assert!(
+        why.starts_with("the context changed: message 1 differs from line"),
+        "{why}"
+    );
+    let journal = journal_of(&ws, "changed");
+    assert!(
+        journal.contains("the live agent answers from exchange 0: the context changed")
+            && journal.contains("sessions/softmax.superseded-1.jsonl"),
+        "{journal}"
+    );
+    assert!(
+        journal.contains("the loop's start is measured again: the kernel's reference or annotation changed since"),
+        "{journal}"
+    );
+    // r1c1 was proposed again on the new reference and verified again: two verdicts, the
+    // summary counting it once.
+    let all = events(&ws, "changed");
+    assert_eq!(
+        all.iter()
+            .filter(|e| e["event"] == "verdict" && e["candidate"] == "r1c1")
+            .count(),
+        2
+    );
+    assert_eq!(journal_tally(&all), (2, 2, 0));
+    assert_eq!(v["counts"]["candidates"], 2, "{v}");
+    assert!(
+        summary_of(&all).contains("2 candidate(s)"),
+        "{}",
+        summary_of(&all)
+    );
+}
+
+#[test]
+fn the_run_summary_counts_what_the_journal_holds() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    // Two proposals a round: one that does not compile, one 30% faster.
+    let mut two: serde_json::Value =
+        serde_json::from_str(&proposal(&s.source("// kopt-fake: speedup 1.3"))).unwrap();
+    let mut broken = two["proposals"][0].clone();
+    broken["candidate"]["source"] = json!(s.source("// kopt-fake: compile-error no such thing"));
+    two["proposals"].as_array_mut().unwrap().insert(0, broken);
+    let agent = scripted_agent(&ws, &two.to_string());
+    let o = optimize_softmax(&ws, &agent, "counted", &["--from-reference"]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let all = events(&ws, "counted");
+    let (candidates, accepted, rejected) = journal_tally(&all);
+    assert_eq!((candidates, accepted, rejected), (2, 1, 1));
+    let k = &v["kernels"][0];
+    assert_eq!(
+        (k["accepted"].as_u64(), k["rejected"].as_u64()),
+        (Some(accepted as u64), Some(rejected as u64)),
+        "{v}"
+    );
+    assert_eq!(
+        v["counts"],
+        json!({"candidates": candidates, "accepted": accepted, "rejected": rejected})
+    );
+    // No run budget was given: what the run spent is counted all the same.
+    assert_eq!(v["spent"]["candidates"], candidates, "{v}");
+    let summary = summary_of(&all);
+    assert!(
+        summary.starts_with(&format!("1 kernel(s); {candidates} candidate(s), "))
+            && summary.ends_with(&format!("; {accepted} accepted, {rejected} rejected")),
+        "{summary}"
     );
 }

@@ -42,6 +42,13 @@ pub trait Backend: Send {
     /// `openai:gpt-x`, `anthropic:claude-y`, `cmd:./agent.py`, `replay:session.jsonl`.
     fn name(&self) -> String;
     fn complete(&mut self, req: &ChatRequest) -> Result<ChatResponse, BackendError>;
+
+    /// Whether the last answer came from this run's own record (a resumed run answering
+    /// from its recorded session, [`crate::session::Resume`]) rather than from the agent
+    /// now: the loop's record then already holds it.
+    fn last_from_record(&self) -> bool {
+        false
+    }
 }
 
 /// How retries back off.
@@ -114,6 +121,11 @@ impl Client {
 
     pub fn name(&self) -> String {
         self.backend.name()
+    }
+
+    /// Whether the last answer came from the run's own record ([`Backend::last_from_record`]).
+    pub fn last_from_record(&self) -> bool {
+        self.backend.last_from_record()
     }
 
     /// Sends `req`, retrying transient failures with exponential backoff (or the server's

@@ -40,8 +40,8 @@ pub fn tokens(text: &str) -> usize {
     text.len().div_ceil(4)
 }
 
-/// A past case, as the context shows it.
-#[derive(Debug, Clone, PartialEq)]
+/// A past case, as the context shows it (and as a resumed run reads it back).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CaseLine {
     pub title: String,
     pub outcome: String,

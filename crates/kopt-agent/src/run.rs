@@ -43,6 +43,13 @@ pub trait Evaluate {
         candidate: &KernelVersion,
         best_us: Option<&BTreeMap<String, f64>>,
     ) -> Verdict;
+
+    /// Whether the last verdict was answered from this run's own record (a resumed run)
+    /// rather than measured now: [`Event::Verdict`] says so, and the record is not
+    /// written twice.
+    fn last_from_record(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -343,7 +350,8 @@ pub struct Outcome {
     pub transcript: Vec<(ChatRequest, Result<String, String>)>,
 }
 
-/// An event for progress displays and the run journal.
+/// An event for progress displays and the run journal, sent as it happens: a journal
+/// written from these alone holds every exchange, candidate and verdict of the loop so far.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "event", rename_all = "kebab-case")]
 pub enum Event {
@@ -353,6 +361,17 @@ pub enum Event {
     Request {
         purpose: String,
     },
+    /// A request answered (or failed for good): the prompt (its last message), the reply
+    /// or the error, and the tokens the answer used.
+    Exchange {
+        round: u32,
+        purpose: String,
+        prompt: String,
+        reply: Result<String, String>,
+        tokens: Option<u64>,
+        /// Answered from the run's own record ([`crate::backend::Backend::last_from_record`]).
+        from_record: bool,
+    },
     Candidate {
         id: String,
     },
@@ -360,6 +379,27 @@ pub enum Event {
         id: String,
         accepted: bool,
         summary: String,
+        /// The round the candidate belongs to.
+        round: u32,
+        /// What the agent said the candidate does (its diagnosis' summary).
+        diagnosis: String,
+        /// Set for a point of a candidate's matrix that the loop searched.
+        point: Option<MatrixPoint>,
+        /// The version verified: source, entry, launch rule, defines, options.
+        version: Box<KernelVersion>,
+        /// The verdict in full.
+        verdict: Box<Verdict>,
+        /// The best's time per shape the watchdog compared with (`None`: the reference,
+        /// timed in the same job).
+        best_us: Option<BTreeMap<String, f64>>,
+        /// Answered from the run's own record ([`Evaluate::last_from_record`]).
+        from_record: bool,
+    },
+    /// A reply that held no usable proposal, even after its repair round: no candidate.
+    Malformed {
+        round: u32,
+        id: String,
+        error: String,
     },
     Improved {
         id: String,
@@ -560,10 +600,25 @@ fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_, '_>) -> SweepEnd {
         version.id = id.clone();
         version.defines = defines.clone();
         let verdict = st.evaluator.evaluate(&version, st.best.us.as_ref());
+        let values: BTreeMap<String, i64> = defines
+            .iter()
+            .filter(|(k, _)| c.matrix.contains_key(*k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
         (st.on)(Event::Verdict {
             id: id.clone(),
             accepted: verdict.accepted,
             summary: verdict.summary(),
+            round: c.round,
+            diagnosis: c.resolved.proposal.diagnosis.summary.clone(),
+            point: Some(MatrixPoint {
+                base: c.id.to_string(),
+                values: values.clone(),
+            }),
+            version: Box::new(version.clone()),
+            verdict: Box::new(verdict.clone()),
+            best_us: st.best.us.clone(),
+            from_record: st.evaluator.last_from_record(),
         });
         let mut resolved = c.resolved.clone();
         resolved.proposal.defines = defines.clone();
@@ -580,11 +635,6 @@ fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_, '_>) -> SweepEnd {
         end.feedback
             .details
             .push(point_line(&id, &defines, &verdict));
-        let values = defines
-            .iter()
-            .filter(|(k, _)| c.matrix.contains_key(*k))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
         sweep.points.push(SweptPoint {
             id: id.clone(),
             defines,
@@ -739,7 +789,7 @@ pub fn feedback(round: u32, id: &str, v: &Verdict) -> Feedback {
 
 fn ask(
     client: &mut Client,
-    req: ChatRequest,
+    (round, req): (u32, ChatRequest),
     transcript: &mut Vec<(ChatRequest, Result<String, String>)>,
     on: &mut dyn FnMut(Event),
 ) -> Result<String, BackendError> {
@@ -747,12 +797,26 @@ fn ask(
         purpose: req.purpose.clone(),
     });
     let r = client.complete(&req);
-    transcript.push((
-        req,
-        r.as_ref()
-            .map(|x| x.text.clone())
-            .map_err(|e| e.to_string()),
-    ));
+    let reply = r
+        .as_ref()
+        .map(|x| x.text.clone())
+        .map_err(|e| e.to_string());
+    on(Event::Exchange {
+        round,
+        purpose: req.purpose.clone(),
+        prompt: req
+            .messages
+            .last()
+            .map(|m| m.content.clone())
+            .unwrap_or_default(),
+        reply: reply.clone(),
+        tokens: r
+            .as_ref()
+            .ok()
+            .map(|x| x.usage.input_tokens + x.usage.output_tokens),
+        from_record: client.last_from_record(),
+    });
+    transcript.push((req, reply));
     r.map(|x| x.text)
 }
 
@@ -882,7 +946,7 @@ pub fn optimize(
             req.messages[0].content.push_str(&reflect);
             compile_failures = 0;
         }
-        let text = match ask(client, req.clone(), &mut out.transcript, on) {
+        let text = match ask(client, (round, req.clone()), &mut out.transcript, on) {
             Ok(t) => t,
             Err(BackendError::Exhausted(reason)) => {
                 out.stop = Stop::AgentDone { reason };
@@ -905,7 +969,7 @@ pub fn optimize(
                 repair
                     .messages
                     .push(Message::user(proposal::repair_prompt(&errors)));
-                let fixed = match ask(client, repair, &mut out.transcript, on) {
+                let fixed = match ask(client, (round, repair), &mut out.transcript, on) {
                     Ok(t) => t,
                     Err(e) => {
                         out.stop = Stop::Backend {
@@ -919,6 +983,11 @@ pub fn optimize(
                     Err(errors) => {
                         let msg =
                             format!("malformed reply after one repair: {}", errors.join("; "));
+                        on(Event::Malformed {
+                            round,
+                            id: format!("r{round}"),
+                            error: msg.clone(),
+                        });
                         out.tried.push(Tried {
                             round,
                             id: format!("r{round}"),
@@ -998,7 +1067,7 @@ pub fn optimize(
                     max_tokens: 2048,
                     temperature: 0.0,
                 };
-                let objections = match ask(rv, review, &mut out.transcript, on) {
+                let objections = match ask(rv, (round, review), &mut out.transcript, on) {
                     Ok(t) => proposal::extract_json(&t)
                         .and_then(|j| serde_json::from_str::<Objections>(j).ok())
                         .map(|o| o.objections)
@@ -1038,7 +1107,7 @@ pub fn optimize(
                         )
                         .expect("template values"),
                     ));
-                    match ask(client, answer, &mut out.transcript, on) {
+                    match ask(client, (round, answer), &mut out.transcript, on) {
                         Ok(t) => {
                             if let Ok(mut revised) = proposal::parse(&t, spec, &best.version.source)
                             {
@@ -1060,6 +1129,13 @@ pub fn optimize(
                 id: id.clone(),
                 accepted: verdict.accepted,
                 summary: verdict.summary(),
+                round,
+                diagnosis: r.proposal.diagnosis.summary.clone(),
+                point: None,
+                version: Box::new(version.clone()),
+                verdict: Box::new(verdict.clone()),
+                best_us: best.us.clone(),
+                from_record: evaluator.last_from_record(),
             });
             let fb = feedback(round, &id, &verdict);
             history.push(fb);

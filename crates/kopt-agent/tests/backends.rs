@@ -331,3 +331,168 @@ fn a_recorded_session_hides_the_key_and_replays_offline() {
         "{e}"
     );
 }
+
+/// A stand-in agent that answers `<tag> N` to its Nth request (or fails for good), and
+/// counts what it was asked.
+struct Counting {
+    tag: &'static str,
+    asked: Arc<Mutex<Vec<String>>>,
+    fail: bool,
+}
+
+impl Backend for Counting {
+    fn name(&self) -> String {
+        format!("counting:{}", self.tag)
+    }
+
+    fn complete(
+        &mut self,
+        req: &ChatRequest,
+    ) -> Result<kopt_agent::chat::ChatResponse, BackendError> {
+        let mut asked = self.asked.lock().unwrap();
+        asked.push(req.messages.last().unwrap().content.clone());
+        if self.fail {
+            return Err(BackendError::Fatal("the endpoint is down".into()));
+        }
+        Ok(kopt_agent::chat::ChatResponse {
+            text: format!("{} {}", self.tag, asked.len()),
+            usage: Default::default(),
+            model: "m".into(),
+        })
+    }
+}
+
+fn counting(tag: &'static str) -> (Box<dyn Backend>, Arc<Mutex<Vec<String>>>) {
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    (
+        Box::new(Counting {
+            tag,
+            asked: asked.clone(),
+            fail: false,
+        }),
+        asked,
+    )
+}
+
+#[test]
+fn a_resumed_session_answers_from_its_recording_until_the_context_changes() {
+    use kopt_agent::session::Resume;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("softmax.jsonl");
+    let (first, _) = counting("first");
+    let mut rec = Recorder::new(first, &file, Redactor::default()).unwrap();
+    for text in ["round 1", "round 2", "round 3"] {
+        rec.complete(&request("propose", text)).unwrap();
+    }
+    // The kill came while a fourth exchange was being written.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"{\"index\":3,\"backend\":\"cou").unwrap();
+    drop(f);
+
+    let (live, asked) = counting("live");
+    let mut r = Resume::open(&file, live, Redactor::default()).unwrap();
+    let log = r.log();
+    assert_eq!(log.get().recorded, 3, "the cut line is no exchange");
+    let a = r.complete(&request("propose", "round 1")).unwrap();
+    assert_eq!(a.text, "first 1");
+    assert!(r.last_from_record() && asked.lock().unwrap().is_empty());
+    // The second question differs from the recorded one: the live agent from here.
+    let b = r
+        .complete(&request("propose", "round 2, with a new best"))
+        .unwrap();
+    assert_eq!(b.text, "live 1");
+    assert!(!r.last_from_record());
+    let report = log.get();
+    assert_eq!(report.replayed, 1);
+    let (at, why) = report.live_from.clone().unwrap();
+    assert_eq!(at, 1);
+    assert!(
+        why.starts_with("the context changed: message 1 differs from line 1: now `round 2, with")
+            && why.contains("recorded `round 2`"),
+        "{why}"
+    );
+    // What no longer applies is kept beside the session, which goes on from exchange 1.
+    let kept = std::fs::read_to_string(report.kept_in.unwrap()).unwrap();
+    assert!(
+        kept.contains("round 2") && kept.contains("round 3") && kept.ends_with("\"cou"),
+        "{kept}"
+    );
+    let session = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(session.lines().count(), 2, "{session}");
+    assert!(session.contains("round 2, with a new best") && !session.contains("round 3"));
+    drop(r);
+
+    // Resumed again: both exchanges of this session now come from the recording.
+    let (live, asked) = counting("again");
+    let mut r = Resume::open(&file, live, Redactor::default()).unwrap();
+    assert_eq!(
+        r.complete(&request("propose", "round 1")).unwrap().text,
+        "first 1"
+    );
+    assert_eq!(
+        r.complete(&request("propose", "round 2, with a new best"))
+            .unwrap()
+            .text,
+        "live 1"
+    );
+    assert!(asked.lock().unwrap().is_empty());
+    assert_eq!(
+        r.complete(&request("propose", "round 3")).unwrap().text,
+        "again 1"
+    );
+    assert_eq!(
+        r.log().get().live_from.unwrap().1,
+        "the recording ends after 2 exchange(s)"
+    );
+    let indices: Vec<u64> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["index"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(indices, [0, 1, 2], "the recording is numbered on");
+}
+
+#[test]
+fn a_resumed_session_asks_again_where_the_recording_failed() {
+    use kopt_agent::session::Resume;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("softmax.jsonl");
+    let down = Box::new(Counting {
+        tag: "down",
+        asked: Arc::default(),
+        fail: true,
+    });
+    let mut rec = Recorder::new(down, &file, Redactor::default()).unwrap();
+    assert!(rec.complete(&request("propose", "round 1")).is_err());
+    let (live, asked) = counting("live");
+    let mut r = Resume::open(&file, live, Redactor::default()).unwrap();
+    assert_eq!(
+        r.complete(&request("propose", "round 1")).unwrap().text,
+        "live 1"
+    );
+    assert_eq!(asked.lock().unwrap().len(), 1);
+    let why = r.log().get().live_from.unwrap().1;
+    assert!(
+        why.starts_with("the recorded exchange failed (")
+            && why.contains("the endpoint is down")
+            && why.ends_with("the agent is asked again"),
+        "{why}"
+    );
+    // A damaged line before the end is refused, naming it.
+    std::fs::write(&file, "not json\n{}\n").unwrap();
+    let (live, _) = counting("live");
+    let e = Resume::open(&file, live, Redactor::default())
+        .err()
+        .unwrap();
+    assert!(
+        e.contains("softmax.jsonl:1: not a recorded exchange"),
+        "{e}"
+    );
+}

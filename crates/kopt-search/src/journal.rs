@@ -316,6 +316,7 @@ impl SearchJournal {
                 failure_class: o.failure.clone(),
                 detail,
                 times_us: o.shapes_us.clone(),
+                artefacts: vec![],
             })
             .map_err(|e| e.to_string())?;
         Ok(())

@@ -76,6 +76,10 @@ pub enum Event {
         /// timed, whatever the verdict: a rejected candidate's figures stay auditable.
         #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
         times_us: std::collections::BTreeMap<String, f64>,
+        /// Files with the verdict in full (the optimisation loop's
+        /// `verdicts/<kernel>-<candidate>.json`, which a resumed run answers from).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        artefacts: Vec<String>,
     },
     /// The accepted variant the loop starts from, verified again in this run: candidates
     /// must beat its times (`passed: false`: it failed, and the loop starts from the
@@ -122,6 +126,32 @@ pub enum Event {
         decision: Decision,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
+    },
+    /// A kernel's loop is about to ask its first question: where it starts (the version,
+    /// its verdict, the timing noise, the similar cases, the snapshot) is in `artefacts`,
+    /// so that a resumed run starts the loop where it started.
+    KernelStarted {
+        kernel: String,
+        /// The device's identity (`uuid|name|driver`) the kernel's verdicts come from.
+        device: String,
+        #[serde(default)]
+        artefacts: Vec<String>,
+    },
+    /// A kernel's loop has ended and its winner, if any, is about to be saved for review:
+    /// `result` is what the run reports for it; `artefacts` holds the pending variant
+    /// when there is one (saved again on resume if no `pending_saved` follows).
+    KernelFinished {
+        kernel: String,
+        result: Value,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        artefacts: Vec<String>,
+    },
+    /// A run taken up again after an interruption (`kernel` absent: the run as a whole):
+    /// what was answered from the record, and where it went live.
+    Resumed {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kernel: Option<String>,
+        detail: String,
     },
     RunFinished {
         summary: String,

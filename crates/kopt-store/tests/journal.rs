@@ -182,3 +182,71 @@ fn secrets_never_reach_the_disk() {
     );
     assert_eq!(artefact, "export OPENAI_API_KEY=[REDACTED]\n");
 }
+
+#[test]
+fn the_loop_s_own_events_read_back_and_older_verdict_lines_keep_their_shape() {
+    let d = tempfile::tempdir().unwrap();
+    let kopt = KoptDir::new(d.path());
+    let (mut j, _) = Journal::open_or_resume(&kopt, "r4").unwrap();
+    let events = [
+        Event::KernelStarted {
+            kernel: "softmax".into(),
+            device: "GPU-fake-0000|kopt fake GPU|driver-13000".into(),
+            artefacts: vec!["artefacts/loop/softmax-start.json".into()],
+        },
+        Event::Verdict {
+            kernel: "softmax".into(),
+            candidate: "r1c1".into(),
+            passed: true,
+            failure_class: None,
+            detail: "accepted".into(),
+            times_us: [("rows=8".to_string(), 12.5)].into(),
+            artefacts: vec!["artefacts/verdicts/softmax-r1c1.json".into()],
+        },
+        Event::KernelFinished {
+            kernel: "softmax".into(),
+            result: json!({"kernel": "softmax", "rounds": 2}),
+            artefacts: vec![],
+        },
+        Event::Resumed {
+            kernel: None,
+            detail: "resumed: 1 of 2 kernel(s) had finished".into(),
+        },
+        Event::Resumed {
+            kernel: Some("rmsnorm".into()),
+            detail: "the live agent answers from exchange 1".into(),
+        },
+    ];
+    for e in &events {
+        j.append(e.clone()).unwrap();
+    }
+    // A verdict line as kopt wrote it before verdicts cited artefacts.
+    let old = r#"{"seq":6,"at":"2026-12-01T00:00:00Z","event":"verdict","kernel":"softmax","candidate":"r1c2","passed":false,"failure_class":"compile","detail":"x"}"#;
+    let path = kopt.run_dir("r4").join(JOURNAL_FILE);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    writeln!(f, "{old}").unwrap();
+    drop(f);
+    let read = Journal::read(&kopt, "r4").unwrap();
+    let back: Vec<Event> = read.entries.iter().map(|e| e.event.clone()).collect();
+    assert_eq!(&back[..5], &events[..]);
+    let Event::Verdict { artefacts, .. } = &back[5] else {
+        panic!("{:?}", back[5])
+    };
+    assert!(artefacts.is_empty());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[2].contains("\"event\":\"kernel_finished\"") && !lines[2].contains("artefacts"),
+        "empty artefacts are left out: {}",
+        lines[2]
+    );
+    assert!(!lines[3].contains("\"kernel\""), "{}", lines[3]);
+    let mut again = serde_json::to_value(&read.entries[5]).unwrap();
+    again.as_object_mut().unwrap().remove("at");
+    let mut then: serde_json::Value = serde_json::from_str(old).unwrap();
+    then.as_object_mut().unwrap().remove("at");
+    assert_eq!(again, then, "a verdict without artefacts writes as it did");
+}
