@@ -309,6 +309,7 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
     assert_eq!(
         checked,
         [
+            "candle_softmax",
             "gemm",
             "gqa_decode",
             "layer_norm",

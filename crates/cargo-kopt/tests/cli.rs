@@ -90,7 +90,7 @@ fn check_passes_on_the_example() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         stdout(&o).contains(&format!(
-            "ok: 9 kernel(s), {} accepted variant(s)",
+            "ok: 10 kernel(s), {} accepted variant(s)",
             accepted_count(&ws)
         )),
         "{}",

@@ -4,12 +4,13 @@
 use std::sync::Arc;
 
 use kopt::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-use kopt::{f16, Kernel, Reason};
+use kopt::{bf16, f16, Kernel, Reason};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 
 use crate::{
-    cpu, gemm, gqa_decode, layer_norm, reduce_sum, rmsnorm, row_sum, silu_mul, softmax, transpose,
+    candle_softmax, cpu, gemm, gqa_decode, layer_norm, reduce_sum, rmsnorm, row_sum, silu_mul,
+    softmax, transpose,
 };
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -113,6 +114,30 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
             &y,
             &cpu::softmax(&x, rows, cols),
             1e-4,
+            1e-6,
+        ));
+    }
+
+    // The candle-style bf16 softmax: vector and scalar paths (ncols a multiple of 8 or not),
+    // the row count given to the launch only.
+    for &(rows, cols) in &[(256usize, 4096usize), (64, 32000), (300, 1001), (3, 17)] {
+        let xb: Vec<bf16> = normal_f32(rows * cols, 0.0, 11 + rows as u64)
+            .iter()
+            .map(|&v| bf16::from_f32(v))
+            .collect();
+        let x: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
+        let dx = stream.clone_htod(&xb)?;
+        let mut dy = poisoned::<bf16>(stream, rows * cols, bf16::NAN)?;
+        candle_softmax(stream, &dx, &mut dy, rows as u32, cols as i32)?;
+        let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|v| v.to_f64()).collect();
+        let ran = ran(&crate::CANDLE_SOFTMAX, stream, &[rows as i64, cols as i64])?;
+        checks.push(compare(
+            "candle_softmax",
+            format!("{rows}x{cols}"),
+            ran,
+            &y,
+            &cpu::softmax(&x, rows, cols),
+            1e-2,
             1e-6,
         ));
     }

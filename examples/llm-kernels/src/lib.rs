@@ -34,6 +34,35 @@ pub fn softmax(
     cols: u32,
 );
 
+/// Row softmax of bf16 as a Rust inference framework writes its CUDA
+/// (`kernels/candle_softmax.cu`): helper headers that include CUDA's by quotes, cooperative
+/// groups and libcu++, the f32/f16/bf16 entries stamped out by a macro, the row count
+/// known to the launch only (one block a row), and a `block_size` argument the launcher
+/// computes from the block of the version that runs.
+#[kopt::kernel(
+    reference = "kernels/candle_softmax.cu",
+    entry = "softmax_bf16",
+    src: [rows * ncols],
+    dst: [rows * ncols],
+    args = (src, dst, ncols, block_size: i32 = block_x),
+    grid = rows,
+    block = 32,
+    shapes = [
+        { rows: 4096, ncols: 4096 },
+        { rows: 16384, ncols: 1024 },
+        { rows: 64, ncols: 32000 },
+    ],
+    flops = 5 * rows * ncols,
+    constraints = [ncols >= 1],
+)]
+pub fn candle_softmax(
+    stream: &CudaStream,
+    src: &CudaSlice<bf16>,
+    dst: &mut CudaSlice<bf16>,
+    rows: u32,
+    ncols: i32,
+);
+
 /// RMS norm over rows of fp16, with an fp16 weight; fp32 accumulation.
 #[kopt::kernel(
     reference = "kernels/rmsnorm.cu",
