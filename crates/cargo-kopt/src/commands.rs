@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use kopt_spec::files::{self, Claim, ClaimedFiles, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy};
+use kopt_spec::files::{
+    self, Claim, ClaimedFiles, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy,
+};
 use kopt_spec::source;
 use kopt_spec::spec::shape_label;
 use kopt_spec::store::{self, Problem, Unusable};

@@ -54,7 +54,8 @@ pub struct PendingRow {
     /// Lowest and highest speedup over its shapes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speedup: Option<(f64, f64)>,
-    /// `ready`, `stale`, `conflict`, `invalid` or `orphan` (its kernel is gone).
+    /// `ready`, `stale`, `conflict`, `invalid`, `fake-device` (measured on the fake device:
+    /// never accepted) or `orphan` (its kernel is gone).
     pub status: &'static str,
     /// Why it cannot be accepted as it is, when it cannot.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -100,6 +101,7 @@ pub fn pending_report(g: &Gathered) -> PendingReport {
                     ),
                     Err(e) => (
                         match e {
+                            _ if p.rationale.provenance.from_fake_device() => "fake-device",
                             kopt_store::Error::Stale(_) => "stale",
                             kopt_store::Error::Conflict(_) => "conflict",
                             _ => "invalid",

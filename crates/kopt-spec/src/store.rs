@@ -329,7 +329,12 @@ fn check_rationale(
         .and_then(|t| Rationale::parse(&t));
     if let Ok(r) = &r {
         if r.provenance.from_fake_device() {
-            problems.push(fake_evidence_problem(kernel, entry, &r.provenance.device, rel_dir));
+            problems.push(fake_evidence_problem(
+                kernel,
+                entry,
+                &r.provenance.device,
+                rel_dir,
+            ));
         }
     }
     let problem = match r {
@@ -534,7 +539,8 @@ pub fn audit_variant_folders(crate_root: &Path, kernel: &str, state: &KernelStat
             continue;
         };
         let read = |file: &str| {
-            std::fs::read_to_string(vdir.join(file)).map_err(|e| format!("{file} cannot be read: {e}"))
+            std::fs::read_to_string(vdir.join(file))
+                .map_err(|e| format!("{file} cannot be read: {e}"))
         };
         let (source, variant_text) = match (read(files::SOURCE_FILE), read(files::VARIANT_FILE)) {
             (Ok(s), Ok(v)) => (s, v),
@@ -672,31 +678,81 @@ mod tests {
             fix: "restore".into(),
         };
 
-        let audit = audit_variant_folders(root, "k", &state(&kdir, &["accepted", "reported"], vec![already]));
+        let audit = audit_variant_folders(
+            root,
+            "k",
+            &state(&kdir, &["accepted", "reported"], vec![already]),
+        );
         let problems: Vec<(&str, &str)> = audit
             .problems
             .iter()
             .map(|p| (p.path.as_str(), p.problem.as_str()))
             .collect();
         assert_eq!(problems.len(), 3, "{problems:#?}");
-        assert!(problems[0].0 == "kopt/k/edited"
-            && problems[0].1.starts_with("kopt/k/edited/kernel.cu is not the file variant `edited` was verified with")
-            && problems[0].1.contains("`cargo kopt revert --to` would re-activate the edited code"),
-            "{problems:#?}");
-        assert!(problems[1].0 == "kopt/k/md-edited" && problems[1].1.contains("RATIONALE.md does not match"), "{problems:#?}");
-        assert!(problems[2].0 == "kopt/k/retuned" && problems[2].1.starts_with("kopt/k/retuned/variant.toml is not the file"), "{problems:#?}");
-        assert!(audit.problems[0].fix.contains("git checkout -- kopt/k/edited/kernel.cu"));
+        assert!(
+            problems[0].0 == "kopt/k/edited"
+                && problems[0].1.starts_with(
+                    "kopt/k/edited/kernel.cu is not the file variant `edited` was verified with"
+                )
+                && problems[0]
+                    .1
+                    .contains("`cargo kopt revert --to` would re-activate the edited code"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[1].0 == "kopt/k/md-edited"
+                && problems[1].1.contains("RATIONALE.md does not match"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[2].0 == "kopt/k/retuned"
+                && problems[2]
+                    .1
+                    .starts_with("kopt/k/retuned/variant.toml is not the file"),
+            "{problems:#?}"
+        );
+        assert!(audit.problems[0]
+            .fix
+            .contains("git checkout -- kopt/k/edited/kernel.cu"));
         assert_eq!(audit.notes.len(), 3, "{:#?}", audit.notes);
-        assert!(audit.notes[0].starts_with("kopt/k/hand-made has no rationale.json"), "{:#?}", audit.notes);
-        assert!(audit.notes[1].starts_with("kopt/k/older is unverifiable: its claim was written before"), "{:#?}", audit.notes);
-        assert!(audit.notes[2].starts_with("kopt/k/unclaimed is unverifiable: its rationale.json records no claim"), "{:#?}", audit.notes);
+        assert!(
+            audit.notes[0].starts_with("kopt/k/hand-made has no rationale.json"),
+            "{:#?}",
+            audit.notes
+        );
+        assert!(
+            audit.notes[1]
+                .starts_with("kopt/k/older is unverifiable: its claim was written before"),
+            "{:#?}",
+            audit.notes
+        );
+        assert!(
+            audit.notes[2].starts_with(
+                "kopt/k/unclaimed is unverifiable: its rationale.json records no claim"
+            ),
+            "{:#?}",
+            audit.notes
+        );
 
         // The lock's own hashes cover a folder it names: no note for an older claim there.
-        let audit = audit_variant_folders(root, "k", &state(&kdir, &["older", "unclaimed"], vec![]));
-        assert!(!audit.notes.iter().any(|n| n.contains("older") || n.contains("unclaimed")), "{:#?}", audit.notes);
+        let audit =
+            audit_variant_folders(root, "k", &state(&kdir, &["older", "unclaimed"], vec![]));
+        assert!(
+            !audit
+                .notes
+                .iter()
+                .any(|n| n.contains("older") || n.contains("unclaimed")),
+            "{:#?}",
+            audit.notes
+        );
         // A lock entry whose folder lacks its audit record is a problem, not a note.
         let audit = audit_variant_folders(root, "k", &state(&kdir, &["hand-made"], vec![]));
-        assert!(audit.problems.iter().any(|p| p.path == "kopt/k/hand-made" && p.problem.contains("rationale.json cannot be read")), "{:#?}", audit.problems);
+        assert!(
+            audit.problems.iter().any(|p| p.path == "kopt/k/hand-made"
+                && p.problem.contains("rationale.json cannot be read")),
+            "{:#?}",
+            audit.problems
+        );
     }
 
     #[test]
@@ -704,22 +760,44 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let kdir = files::kernel_dir(d.path(), "k");
         let vdir = folder(&kdir, "v", Some(true));
-        let mut r = Rationale::parse(&std::fs::read_to_string(vdir.join(files::RATIONALE_JSON)).unwrap()).unwrap();
+        let mut r =
+            Rationale::parse(&std::fs::read_to_string(vdir.join(files::RATIONALE_JSON)).unwrap())
+                .unwrap();
         r.provenance.device = format!("{} (sm_90)", files::FAKE_DEVICE_NAME);
         std::fs::write(vdir.join(files::RATIONALE_JSON), r.to_json()).unwrap();
         std::fs::write(vdir.join(files::RATIONALE_MD), r.render_markdown()).unwrap();
         let st = state(&kdir, &["v"], vec![]);
         let mut problems = Vec::new();
-        check_rationale("k", &st.lock.as_ref().unwrap().accepted[0], &vdir, "kopt/k/v", &mut problems);
+        check_rationale(
+            "k",
+            &st.lock.as_ref().unwrap().accepted[0],
+            &vdir,
+            "kopt/k/v",
+            &mut problems,
+        );
         assert_eq!(problems.len(), 1, "{problems:#?}");
-        assert!(problems[0].problem.contains("rests on evidence from kopt's fake device (`kopt fake GPU (sm_90)`"), "{problems:#?}");
-        assert!(problems[0].fix.contains("cargo kopt revert k --arch sm_90"), "{problems:#?}");
+        assert!(
+            problems[0]
+                .problem
+                .contains("rests on evidence from kopt's fake device (`kopt fake GPU (sm_90)`"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[0].fix.contains("cargo kopt revert k --arch sm_90"),
+            "{problems:#?}"
+        );
         // A real device's evidence is no problem.
         r.provenance.device = "NVIDIA H200 (sm_90)".into();
         std::fs::write(vdir.join(files::RATIONALE_JSON), r.to_json()).unwrap();
         std::fs::write(vdir.join(files::RATIONALE_MD), r.render_markdown()).unwrap();
         let mut problems = Vec::new();
-        check_rationale("k", &st.lock.as_ref().unwrap().accepted[0], &vdir, "kopt/k/v", &mut problems);
+        check_rationale(
+            "k",
+            &st.lock.as_ref().unwrap().accepted[0],
+            &vdir,
+            "kopt/k/v",
+            &mut problems,
+        );
         assert!(problems.is_empty(), "{problems:#?}");
     }
 }

@@ -164,7 +164,11 @@ mod tests {
         assert_eq!(names, [("mine", false), ("old", true)]);
         assert_eq!(found[1].folder, "kopt/k/old");
         assert!(
-            found[0].kept.as_deref().unwrap().contains("records no claim"),
+            found[0]
+                .kept
+                .as_deref()
+                .unwrap()
+                .contains("records no claim"),
             "{found:?}"
         );
 

@@ -506,7 +506,10 @@ fn an_accepted_claim_records_the_files_and_an_edit_stops_reactivation() {
         err.starts_with("kopt/softmax/a/kernel.cu is not the file `a` was verified with"),
         "{err}"
     );
-    assert!(err.contains("git checkout -- kopt/softmax/a/kernel.cu"), "{err}");
+    assert!(
+        err.contains("git checkout -- kopt/softmax/a/kernel.cu"),
+        "{err}"
+    );
     assert_eq!(usable(&f), ["b"], "the lock is unchanged");
     std::fs::write(f.path("kopt/softmax/a/kernel.cu"), &src).unwrap();
     std::fs::write(
