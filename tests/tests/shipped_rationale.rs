@@ -116,7 +116,10 @@ fn every_committed_variant_claims_the_hashes_of_its_files() {
             checked += 1;
         }
     }
-    assert!(checked >= lock_entries(&kopt), "every accepted variant is among them");
+    assert!(
+        checked >= lock_entries(&kopt),
+        "every accepted variant is among them"
+    );
 }
 
 fn subdirs(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
