@@ -62,3 +62,85 @@ fn the_shipped_rationale_is_built_from_its_recorded_evidence() {
         );
     }
 }
+
+/// Every committed variant folder of the example records, in its rationale's claim, the
+/// hashes of the files that were verified, so that `cargo kopt check` can tell an edit of
+/// any of them (the lock pins only the accepted ones). `KOPT_REGENERATE=1` fills in the
+/// hashes of a claim written before kopt recorded them, from a lock entry that names the
+/// variant with these very files' hashes (the lock vouches for those bytes); a folder
+/// nothing vouches for that way is left for a person to look at.
+#[test]
+fn every_committed_variant_claims_the_hashes_of_its_files() {
+    let kopt = repo_root().join("examples/llm-kernels/kopt");
+    let regenerate = std::env::var_os("KOPT_REGENERATE").is_some_and(|v| v == "1");
+    let mut checked = 0;
+    for kdir in subdirs(&kopt) {
+        let lock = LockFile::parse(&std::fs::read_to_string(kdir.join(files::LOCK_FILE)).unwrap())
+            .unwrap();
+        for vdir in subdirs(&kdir) {
+            let read = |f: &str| std::fs::read_to_string(vdir.join(f)).unwrap();
+            let (src, vtext) = (read(files::SOURCE_FILE), read(files::VARIANT_FILE));
+            let mut r = files::Rationale::parse(&read(files::RATIONALE_JSON)).unwrap();
+            let claim = r
+                .claim
+                .as_mut()
+                .unwrap_or_else(|| panic!("{} has no claim", vdir.display()));
+            let (source_hash, variant_hash) = (
+                kopt_spec::source::hash(src.as_bytes()),
+                kopt_spec::source::hash(vtext.as_bytes()),
+            );
+            let vouched = lock.accepted.iter().any(|e| {
+                e.variant == r.variant
+                    && e.source_hash == source_hash
+                    && e.variant_hash == variant_hash
+            });
+            if regenerate && vouched && claim.source_hash.is_none() && claim.variant_hash.is_none()
+            {
+                claim.source_hash = Some(source_hash);
+                claim.variant_hash = Some(variant_hash);
+                files::write_atomic(&vdir.join(files::RATIONALE_JSON), r.to_json().as_bytes())
+                    .unwrap();
+                files::write_atomic(
+                    &vdir.join(files::RATIONALE_MD),
+                    r.render_markdown().as_bytes(),
+                )
+                .unwrap();
+            }
+            let claim = r.claim.as_ref().unwrap();
+            assert_eq!(
+                claim.compare_files(&src, &vtext),
+                files::ClaimedFiles::Match,
+                "{}: the claim's hashes are not those of its files (KOPT_REGENERATE=1 fills in missing ones that the lock vouches for)",
+                vdir.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= lock_entries(&kopt),
+        "every accepted variant is among them"
+    );
+}
+
+fn subdirs(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    v.sort();
+    v
+}
+
+fn lock_entries(kopt: &std::path::Path) -> usize {
+    subdirs(kopt)
+        .iter()
+        .map(|k| {
+            LockFile::parse(&std::fs::read_to_string(k.join(files::LOCK_FILE)).unwrap())
+                .unwrap()
+                .accepted
+                .len()
+        })
+        .sum()
+}

@@ -63,7 +63,7 @@ fn pending_accept_build_revert_fallback() {
     assert!(ws
         .read("kopt/softmax/kopt.lock")
         .contains("variant = \"online-vec4-rt\""));
-    assert!(commands::check(&gathered(&ws)).is_empty());
+    assert!(commands::check(&gathered(&ws)).problems.is_empty());
     assert!(pending::list(&store::kopt_dir(&g)).variants.is_empty());
 
     // The build selects it.

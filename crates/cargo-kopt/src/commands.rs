@@ -3,10 +3,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use kopt_spec::files::{self, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy};
+use kopt_spec::files::{
+    self, Claim, ClaimedFiles, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy,
+};
 use kopt_spec::source;
 use kopt_spec::spec::shape_label;
-use kopt_spec::store::{Problem, Unusable};
+use kopt_spec::store::{self, Problem, Unusable};
 use serde::Serialize;
 
 use crate::gather::{rel, Gathered, Kernel};
@@ -93,8 +95,20 @@ pub fn list(g: &Gathered) -> Vec<ListedKernel> {
 // ---------------------------------------------------------------------------------------
 // check
 
-/// Every problem of the committed files and annotations; empty means the check passes.
-pub fn check(g: &Gathered) -> Vec<Problem> {
+/// What `check` found: problems fail it; notes do not (folders kopt cannot vouch for,
+/// which no lock entry names).
+#[derive(Debug, Default, Serialize)]
+pub struct Checked {
+    pub problems: Vec<Problem>,
+    /// `package::kernel: note`.
+    pub notes: Vec<String>,
+}
+
+/// Every problem of the committed files and annotations; no problem means the check
+/// passes. Every variant folder is checked against its own audit record, not only those
+/// a lock names (`kopt_spec::store::audit_variant_folders`).
+pub fn check(g: &Gathered) -> Checked {
+    let mut notes = Vec::new();
     let mut problems = Vec::new();
     for e in &g.errors {
         problems.push(Problem {
@@ -107,6 +121,14 @@ pub fn check(g: &Gathered) -> Vec<Problem> {
     }
     for k in &g.kernels {
         problems.extend(k.state.problems.iter().cloned());
+        let audit = store::audit_variant_folders(&k.crate_root, &k.spec.name, &k.state);
+        problems.extend(audit.problems);
+        notes.extend(
+            audit
+                .notes
+                .into_iter()
+                .map(|n| format!("{}::{}: {n}", k.package, k.spec.name)),
+        );
     }
     // Folders of kernels that no longer exist (renamed or removed launchers).
     for pkg in &g.packages {
@@ -135,7 +157,7 @@ pub fn check(g: &Gathered) -> Vec<Problem> {
             }
         }
     }
-    problems
+    Checked { problems, notes }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -203,9 +225,11 @@ fn touch_reference(k: &Kernel) {
     }
 }
 
-/// Records a hand-made variant (already in `kopt/<kernel>/<variant>/`) in the lock file
-/// for `arch`, with today's hashes and `verified_by = "manual"`; renders its
-/// RATIONALE.md from rationale.json.
+/// Records a hand-made variant (already in `kopt/<kernel>/<variant>/`, with its
+/// rationale.json) in the lock file for `arch`, with today's hashes and `verified_by =
+/// "manual"`; records the person's claim, with the hashes of the variant's files, in
+/// rationale.json (unless it holds kopt's claim for these very files) and renders
+/// RATIONALE.md from it.
 pub fn pin(k: &Kernel, variant: &str, arch: &str, region: Option<&str>) -> Result<Edit, EditError> {
     if files::parse_arch(arch).is_none() {
         return Err(EditError::Invalid(format!(
@@ -243,16 +267,69 @@ pub fn pin(k: &Kernel, variant: &str, arch: &str, region: Option<&str>) -> Resul
             v.entry
         )));
     }
-    if let Ok(text) = std::fs::read_to_string(vdir.join(files::RATIONALE_JSON)) {
-        let r = Rationale::parse(&text)
-            .map_err(|e| EditError::Invalid(format!("{relv}/{}: {e}", files::RATIONALE_JSON)))?;
-        write(
-            &vdir.join(files::RATIONALE_MD),
-            &r.render_markdown(),
-            &k.crate_root,
-        )?;
+    // `check` requires an audit record of every accepted variant: refuse now rather than
+    // record a lock entry that `check` then calls broken.
+    let json_path = vdir.join(files::RATIONALE_JSON);
+    let text = match std::fs::read_to_string(&json_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(EditError::Invalid(format!(
+                "{relv} has no {json}: every accepted variant needs its audit record (what it changes, why, how it was checked, where it was measured; `cargo kopt check` requires it, and RATIONALE.md is rendered from it). Write {relv}/{json}, starting from this (replace every <...>; the fields are described under \"committed formats\" in kopt's ARCHITECTURE.md), then pin again:\n{}",
+                Rationale::skeleton(&k.spec.name, variant, arch).to_json(),
+                json = files::RATIONALE_JSON,
+            )))
+        }
+        Err(e) => {
+            return Err(EditError::Invalid(format!(
+                "{relv}/{}: {e}",
+                files::RATIONALE_JSON
+            )))
+        }
+    };
+    let mut r = Rationale::parse(&text)
+        .map_err(|e| EditError::Invalid(format!("{relv}/{}: {e}", files::RATIONALE_JSON)))?;
+    if r.kernel != k.spec.name || r.variant != variant {
+        return Err(EditError::Invalid(format!(
+            "{relv}/{} describes `{}/{}`; write `\"kernel\": \"{}\"` and `\"variant\": \"{variant}\"` in it (a copied folder keeps its old names)",
+            files::RATIONALE_JSON,
+            r.kernel,
+            r.variant,
+            k.spec.name
+        )));
+    }
+    if r.provenance.from_fake_device() {
+        return Err(EditError::Invalid(format!(
+            "{relv}/{} says the variant was measured on kopt's fake device (`{}`: `KOPT_WORKER=fake`, whose times and results are made up), and `cargo kopt check` fails on a lock entry whose evidence came from it; measure it on a real {arch} GPU and record that device in `provenance.device`",
+            files::RATIONALE_JSON,
+            r.provenance.device
+        )));
     }
     let (mut lock, created) = load_lock(k)?;
+    // The person vouches for these very files: their hashes go into the claim, so that the
+    // folder stays tamper-evident (and can come back with `revert --to`) after the lock no
+    // longer names it. A claim of kopt's own verification of these files is kept.
+    let kept = r.claim.as_ref().is_some_and(|c| {
+        c.verified_by == VerifiedBy::Kopt && c.compare_files(&src, &vtext) == ClaimedFiles::Match
+    });
+    if !kept {
+        let claim = Claim {
+            region: region.map(str::to_string),
+            verified_by: VerifiedBy::Manual,
+            reference_hash: k.hashes.reference.clone(),
+            spec_hash: k.hashes.spec.clone(),
+            source_hash: Some(source::hash(src.as_bytes())),
+            variant_hash: Some(source::hash(vtext.as_bytes())),
+        };
+        if r.claim.as_ref() != Some(&claim) {
+            r.claim = Some(claim);
+            write(&json_path, &r.to_json(), &k.crate_root)?;
+        }
+    }
+    write(
+        &vdir.join(files::RATIONALE_MD),
+        &r.render_markdown(),
+        &k.crate_root,
+    )?;
     let entry = LockEntry {
         arch: arch.to_string(),
         variant: variant.to_string(),

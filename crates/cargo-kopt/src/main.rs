@@ -98,6 +98,17 @@ enum Command {
         #[arg(long, value_name = "VARIANT|reference")]
         to: Option<String>,
     },
+    /// List the variant folders under kopt/KERNEL/ that no lock entry names (superseded
+    /// variants, kept for `revert --to`); with --delete, remove them. Their history stays
+    /// in git. A folder kopt never accepted (no claim in its rationale.json) is listed but
+    /// kept.
+    Gc {
+        /// Only these kernels (default: every kernel of the selected packages).
+        kernels: Vec<String>,
+        /// Remove the folders listed (default: only list them).
+        #[arg(long)]
+        delete: bool,
+    },
     // --- store commands (issue 4)
     /// List the pending variants (verified winners of optimisation runs) awaiting review.
     Pending,
@@ -632,7 +643,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check => {
-            let mut problems = commands::check(&gathered);
+            let commands::Checked {
+                mut problems,
+                notes: audit_notes,
+            } = commands::check(&gathered);
             let compiled = cargo_kopt::compile_check::compile_check(&gathered);
             problems.extend(compiled.problems().iter().cloned());
             if json {
@@ -640,11 +654,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                     "kernels": gathered.kernels.len(),
                     "ok": problems.is_empty(),
                     "problems": problems,
-                    "notes": gathered.kernels.iter().flat_map(|k| k.notes.iter().map(move |n| format!("{}::{}: {n}", k.package, k.spec.name))).collect::<Vec<_>>(),
+                    "notes": gathered.kernels.iter().flat_map(|k| k.notes.iter().map(move |n| format!("{}::{}: {n}", k.package, k.spec.name))).chain(audit_notes.iter().cloned()).collect::<Vec<_>>(),
                     "compile": compiled,
                 }));
             } else {
                 print_compile_check(&gathered, &compiled);
+                print_audit_notes(&audit_notes);
                 print_check(&gathered, &problems);
             }
             Ok(if problems.is_empty() {
@@ -676,6 +691,10 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 Ok(ExitCode::SUCCESS)
             }
         },
+        Command::Gc { kernels, delete } => {
+            check_names(&gathered, &kernels)?;
+            store_cli::gc(&gathered, &kernels, delete, json)
+        }
         // --- store commands (issue 4)
         Command::Pending => Ok(store_cli::pending(&gathered, json)),
         Command::Review {
@@ -1376,6 +1395,14 @@ fn print_compile_check(g: &Gathered, c: &cargo_kopt::compile_check::CompileCheck
                 let _ = writeln!(out, "{}note{:#}: {n}", yellow(), yellow());
             }
         }
+    }
+}
+
+/// The variant folders `check` cannot vouch for, which do not fail it.
+fn print_audit_notes(notes: &[String]) {
+    let mut out = anstream::stdout();
+    for n in notes {
+        let _ = writeln!(out, "{}note{:#}: {n}", yellow(), yellow());
     }
 }
 

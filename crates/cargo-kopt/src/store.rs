@@ -54,7 +54,8 @@ pub struct PendingRow {
     /// Lowest and highest speedup over its shapes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speedup: Option<(f64, f64)>,
-    /// `ready`, `stale`, `conflict`, `invalid` or `orphan` (its kernel is gone).
+    /// `ready`, `stale`, `conflict`, `invalid`, `fake-device` (measured on the fake device:
+    /// never accepted) or `orphan` (its kernel is gone).
     pub status: &'static str,
     /// Why it cannot be accepted as it is, when it cannot.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -100,6 +101,7 @@ pub fn pending_report(g: &Gathered) -> PendingReport {
                     ),
                     Err(e) => (
                         match e {
+                            _ if p.rationale.provenance.from_fake_device() => "fake-device",
                             kopt_store::Error::Stale(_) => "stale",
                             kopt_store::Error::Conflict(_) => "conflict",
                             _ => "invalid",
@@ -350,6 +352,78 @@ pub fn revert_to(
     arch: Option<&str>,
 ) -> Result<Reactivated, kopt_store::Error> {
     accept::reactivate(&target(k), &kopt_dir(g), variant, arch)
+}
+
+// ---------------------------------------------------------------------------------------
+// gc
+
+/// What `cargo kopt gc` did with one folder no lock entry names.
+#[derive(Debug, Serialize)]
+pub struct GcFolder {
+    pub package: String,
+    #[serde(flatten)]
+    pub folder: kopt_store::gc::Unreferenced,
+    /// `unreferenced` (listed only), `removed`, `kept` (see `kept`), or `failed` (see
+    /// `error`).
+    pub action: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GcReport {
+    /// Whether folders were removed (`--delete`) or only listed.
+    pub delete: bool,
+    pub folders: Vec<GcFolder>,
+    /// Kernels whose folders were left alone, with why (a lock file that cannot be read).
+    pub skipped: Vec<String>,
+}
+
+impl GcReport {
+    pub fn failed(&self) -> bool {
+        !self.skipped.is_empty() || self.folders.iter().any(|f| f.action == "failed")
+    }
+}
+
+/// `cargo kopt gc [KERNEL...] [--delete]`: the variant folders of the selected kernels
+/// (all when `kernels` is empty) that no lock entry names, removed with `delete`.
+pub fn gc(g: &Gathered, kernels: &[String], delete: bool) -> GcReport {
+    let mut report = GcReport {
+        delete,
+        folders: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for k in &g.kernels {
+        if !kernels.is_empty() && !kernels.contains(&k.spec.name) {
+            continue;
+        }
+        let found = match kopt_store::gc::unreferenced(&k.crate_root, &k.spec.name) {
+            Ok(f) => f,
+            Err(e) => {
+                report
+                    .skipped
+                    .push(format!("{}::{}: {e}", k.package, k.spec.name));
+                continue;
+            }
+        };
+        for folder in found {
+            let (action, error) = match (&folder.kept, delete) {
+                (Some(_), _) => ("kept", None),
+                (None, false) => ("unreferenced", None),
+                (None, true) => match kopt_store::gc::remove(&k.crate_root, &folder) {
+                    Ok(()) => ("removed", None),
+                    Err(e) => ("failed", Some(e.to_string())),
+                },
+            };
+            report.folders.push(GcFolder {
+                package: k.package.clone(),
+                folder,
+                action,
+                error,
+            });
+        }
+    }
+    report
 }
 
 // ---------------------------------------------------------------------------------------

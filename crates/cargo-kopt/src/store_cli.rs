@@ -195,6 +195,73 @@ pub fn pending(g: &Gathered, json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `cargo kopt gc [KERNEL...] [--delete]`: exit 1 when a folder could not be removed or a
+/// kernel's lock file could not be read.
+pub fn gc(g: &Gathered, kernels: &[String], delete: bool, json: bool) -> Result<ExitCode, String> {
+    let report = store::gc(g, kernels, delete);
+    let code = if report.failed() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    };
+    if json {
+        print_json(&report);
+        return Ok(code);
+    }
+    let mut out = anstream::stdout();
+    if report.folders.is_empty() {
+        let _ = writeln!(
+            out,
+            "every variant folder is named by a lock entry: nothing to collect"
+        );
+    } else {
+        let mut t = Table::new(&["crate", "kernel", "variant folder", "state"]);
+        for f in &report.folders {
+            let state = match f.action {
+                "removed" => ("removed".to_string(), green()),
+                "unreferenced" => ("no lock entry names it".to_string(), yellow()),
+                "kept" => ("kept (see below)".to_string(), dim()),
+                other => (other.to_string(), red()),
+            };
+            t.row(vec![
+                (f.package.clone(), Style::new()),
+                (f.folder.kernel.clone(), Style::new().bold()),
+                (f.folder.folder.clone(), Style::new()),
+                state,
+            ]);
+        }
+        let _ = write!(out, "{}", t.render());
+        for f in &report.folders {
+            if let Some(why) = &f.folder.kept {
+                let _ = writeln!(out, "{}kept{:#} {}: {why}", dim(), dim(), f.folder.folder);
+            }
+            if let Some(e) = &f.error {
+                let _ = writeln!(out, "{}failed{:#} {}: {e}", red(), red(), f.folder.folder);
+            }
+        }
+        let count = |a: &str| report.folders.iter().filter(|f| f.action == a).count();
+        if delete {
+            let _ = writeln!(
+                out,
+                "removed {} variant folder(s) no lock entry named (git keeps their history); kept {}",
+                count("removed"),
+                count("kept")
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "{} variant folder(s) no lock entry names; `cargo kopt gc --delete` removes {} of them (git keeps their history)",
+                report.folders.len(),
+                count("unreferenced")
+            );
+        }
+    }
+    for s in &report.skipped {
+        let _ = writeln!(out, "{}skipped{:#} {s}", red(), red());
+    }
+    Ok(code)
+}
+
 /// `cargo kopt review [KERNEL] [--arch A]`.
 pub fn review(
     g: &Gathered,

@@ -946,6 +946,17 @@ fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
     let cu = fast.join("kernel.cu");
     let text = std::fs::read_to_string(&cu).unwrap();
     std::fs::write(&cu, format!("{text}\n// kopt-fake: speedup 1.2\n")).unwrap();
+    // Its audit record names it too (`pin` refuses one that describes another variant).
+    let json = fast.join("rationale.json");
+    let text = std::fs::read_to_string(&json).unwrap();
+    std::fs::write(
+        &json,
+        text.replace(
+            &format!("\"variant\": \"{accepted_id}\""),
+            "\"variant\": \"fast\"",
+        ),
+    )
+    .unwrap();
     for args in [
         &["revert", "softmax", "--arch", "sm_90"][..],
         &["pin", "softmax", "fast", "--arch", "sm_90"],

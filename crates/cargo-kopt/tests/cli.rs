@@ -333,3 +333,244 @@ fn a_committed_variant_that_no_longer_compiles_fails_check() {
         "the hashes match: only the compile fails\n{out}"
     );
 }
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The variant softmax's lock accepts for sm_90 in the example.
+fn accepted_softmax(ws: &ExampleWorkspace) -> String {
+    kopt_spec::files::LockFile::parse(&ws.read("kopt/softmax/kopt.lock"))
+        .unwrap()
+        .accepted[0]
+        .variant
+        .clone()
+}
+
+#[test]
+fn pin_without_an_audit_record_is_refused_up_front_with_what_to_write() {
+    use kopt_spec::files::{ClaimedFiles, Rationale, VerifiedBy};
+    let ws = ExampleWorkspace::new();
+    let dir = "kopt/softmax/mine";
+    std::fs::create_dir_all(ws.path(dir)).unwrap();
+    ws.write(
+        &format!("{dir}/kernel.cu"),
+        &ws.read("kopt/softmax/online-vec4/kernel.cu"),
+    );
+    ws.write(
+        &format!("{dir}/variant.toml"),
+        &ws.read("kopt/softmax/online-vec4/variant.toml")
+            .replace("id = \"online-vec4\"", "id = \"mine\""),
+    );
+    let lock = ws.read("kopt/softmax/kopt.lock");
+    let pin = [
+        "pin",
+        "softmax",
+        "mine",
+        "--arch",
+        "sm_90",
+        "--region",
+        "cols % 4 == 0",
+    ];
+    let o = kopt(&ws, &pin);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("kopt/softmax/mine has no rationale.json: every accepted variant needs its audit record"),
+        "{err}"
+    );
+    assert!(
+        err.contains("Write kopt/softmax/mine/rationale.json"),
+        "{err}"
+    );
+    assert_eq!(
+        ws.read("kopt/softmax/kopt.lock"),
+        lock,
+        "nothing was recorded"
+    );
+    // Not pinned, it is a note of `check`, not a failure.
+    let o = kopt(&ws, &["check"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        stdout(&o).contains("kopt/softmax/mine has no rationale.json and no lock entry names it"),
+        "{}",
+        text(&o)
+    );
+
+    // The skeleton it prints is a rationale to fill in: as it is, pin takes it, and records
+    // the person's claim with the hashes of the files pinned.
+    let skeleton = &err[err.find("{\n").expect("a JSON skeleton")..];
+    ws.write(
+        &format!("{dir}/rationale.json"),
+        &format!("{}\n", skeleton.trim_end()),
+    );
+    let o = kopt(&ws, &pin);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = Rationale::parse(&ws.read(&format!("{dir}/rationale.json"))).unwrap();
+    let claim = r.claim.as_ref().unwrap();
+    assert_eq!(claim.verified_by, VerifiedBy::Manual);
+    assert_eq!(claim.region.as_deref(), Some("cols % 4 == 0"));
+    assert_eq!(
+        claim.compare_files(
+            &ws.read(&format!("{dir}/kernel.cu")),
+            &ws.read(&format!("{dir}/variant.toml"))
+        ),
+        ClaimedFiles::Match
+    );
+    assert_eq!(ws.read(&format!("{dir}/RATIONALE.md")), r.render_markdown());
+    let o = kopt(&ws, &["check"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!stdout(&o).contains("kopt/softmax/mine"), "{}", text(&o));
+}
+
+#[test]
+fn an_edited_superseded_variant_fails_check_and_revert_to_refuses_it() {
+    let ws = ExampleWorkspace::new();
+    let lock = ws.read("kopt/softmax/kopt.lock");
+    // `online-vec4` is superseded in the example: the lock no longer pins its files.
+    assert_ne!(accepted_softmax(&ws), "online-vec4");
+    for file in ["kernel.cu", "variant.toml"] {
+        let path = format!("kopt/softmax/online-vec4/{file}");
+        let original = ws.read(&path);
+        let edited = match file {
+            "kernel.cu" => original.replace("1.0f / ws[0]", "0.5f / ws[0]"),
+            _ => format!("{original}# tuned by hand\n"),
+        };
+        assert_ne!(edited, original);
+        ws.write(&path, &edited);
+        let o = kopt(&ws, &["check"]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        let out = stdout(&o);
+        assert!(
+            out.contains(&format!(
+                "{path} is not the file variant `online-vec4` was verified with: its hash differs from the one the claim in rationale.json records"
+            )),
+            "{out}"
+        );
+        assert!(out.contains(&format!("git checkout -- {path}")), "{out}");
+
+        let o = kopt(&ws, &["revert", "softmax", "--to", "online-vec4"]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "{path} is not the file `online-vec4` was verified with"
+            )),
+            "{}",
+            text(&o)
+        );
+        assert_eq!(
+            ws.read("kopt/softmax/kopt.lock"),
+            lock,
+            "nothing re-activated"
+        );
+        ws.write(&path, &original);
+    }
+    // As verified, it passes and can come back.
+    assert!(kopt(&ws, &["check"]).status.success());
+    let o = kopt(&ws, &["revert", "softmax", "--to", "online-vec4"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(kopt(&ws, &["check"]).status.success());
+}
+
+#[test]
+fn check_fails_on_a_lock_entry_whose_evidence_came_from_the_fake_device() {
+    use kopt_spec::files::{Rationale, FAKE_DEVICE_NAME};
+    let ws = ExampleWorkspace::new();
+    let v = accepted_softmax(&ws);
+    let json = format!("kopt/softmax/{v}/rationale.json");
+    let mut r = Rationale::parse(&ws.read(&json)).unwrap();
+    r.provenance.device = format!("{FAKE_DEVICE_NAME} (sm_90)");
+    ws.write(&json, &r.to_json());
+    ws.write(
+        &format!("kopt/softmax/{v}/RATIONALE.md"),
+        &r.render_markdown(),
+    );
+    let o = kopt(&ws, &["check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(&format!(
+            "variant `{v}` for sm_90 rests on evidence from kopt's fake device (`kopt fake GPU (sm_90)`"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("cargo kopt revert softmax --arch sm_90"),
+        "{out}"
+    );
+    let o = kopt(&ws, &["check", "--message-format", "json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["ok"], false);
+    assert_eq!(j["problems"][0]["path"], format!("kopt/softmax/{v}"));
+}
+
+#[test]
+fn gc_lists_then_deletes_unreferenced_folders_and_check_passes_after() {
+    let ws = ExampleWorkspace::new();
+    // The loop's softmax winner is superseded once `online-vec4` is pinned instead.
+    let superseded = accepted_softmax(&ws);
+    ws.pin_online_vec4(std::path::Path::new(env!("CARGO_BIN_EXE_cargo-kopt")));
+    // A hand-made variant nobody accepted yet.
+    std::fs::create_dir_all(ws.path("kopt/softmax/mine")).unwrap();
+    ws.write("kopt/softmax/mine/kernel.cu", "// work in progress\n");
+
+    let o = kopt(&ws, &["gc"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = stdout(&o);
+    for needle in [
+        format!("kopt/softmax/{superseded}"),
+        "no lock entry names it".into(),
+        "kept kopt/softmax/mine: its rationale.json records no claim".into(),
+        "2 variant folder(s) no lock entry names; `cargo kopt gc --delete` removes 1 of them"
+            .into(),
+    ] {
+        assert!(out.contains(&needle), "{needle:?} in\n{out}");
+    }
+    assert!(
+        ws.path(&format!("kopt/softmax/{superseded}")).is_dir(),
+        "only listed"
+    );
+
+    let o = kopt(&ws, &["gc", "--delete", "--message-format", "json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["delete"], true);
+    let folders: Vec<(&str, &str)> = v["folders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["variant"].as_str().unwrap(),
+                f["action"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        folders,
+        [("mine", "kept"), (superseded.as_str(), "removed")],
+        "{v}"
+    );
+    assert_eq!(
+        v["folders"][1]["folder"],
+        format!("kopt/softmax/{superseded}")
+    );
+    assert!(!ws.path(&format!("kopt/softmax/{superseded}")).exists());
+    assert!(ws.path("kopt/softmax/mine/kernel.cu").is_file());
+    for kept in ["online-vec4", "kopt.lock"] {
+        assert!(ws.path(&format!("kopt/softmax/{kept}")).exists(), "{kept}");
+    }
+
+    let o = kopt(&ws, &["check"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = stdout(&kopt(&ws, &["gc", "softmax"]));
+    assert!(
+        out.contains(
+            "1 variant folder(s) no lock entry names; `cargo kopt gc --delete` removes 0 of them"
+        ),
+        "{out}"
+    );
+    let o = kopt(&ws, &["gc", "softmaks"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no #[kopt::kernel] named `softmaks`"));
+}

@@ -129,7 +129,14 @@ fn exhaustive_search_finds_the_models_optimum_and_verifies_it() {
     );
     let pending = w.json(&["pending"]);
     let row = &pending["pending"][0];
-    assert_eq!(row["status"], "ready", "{pending}");
+    // It waits for review, but was measured on the fake device: it can never be accepted.
+    assert_eq!(row["status"], "fake-device", "{pending}");
+    assert!(
+        row["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("measured on kopt's fake device")),
+        "{pending}"
+    );
     let rationale =
         std::fs::read_to_string(Path::new(row["dir"].as_str().unwrap()).join("rationale.json"))
             .unwrap();
@@ -450,4 +457,110 @@ fn the_convergence_benchmark_replays_the_exhaustive_run() {
     ] {
         assert!(out.contains(needle), "{needle} missing in\n{out}");
     }
+}
+
+/// The fake device's figures are made up: a winner measured on it waits for review like
+/// any other, but neither `accept` nor `review` accepts it for sm_90, and a lock entry
+/// resting on it (as an earlier kopt accepted) fails `check`.
+#[test]
+fn a_winner_measured_on_the_fake_device_is_never_accepted() {
+    let w = ws("");
+    let v = w.json(&[
+        "search",
+        "row_sum",
+        "--options",
+        "none",
+        "--budget-evals",
+        "20",
+        "--save",
+    ]);
+    assert_eq!(v["pending"], "llm-kernels/row_sum/sm_90", "{v}");
+    let pending = w.json(&["pending"]);
+    let dir = PathBuf::from(pending["pending"][0]["dir"].as_str().unwrap());
+    let variant = pending["pending"][0]["variant"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let lock_path = "kopt/row_sum/kopt.lock";
+    let lock_before = w.ws.read(lock_path);
+
+    let o = w.run(&["accept", "row_sum"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!(
+            "pending variant `{variant}` of `row_sum` for sm_90 was measured on kopt's fake device (`kopt fake GPU (sm_90)`"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("cargo kopt reject row_sum --arch sm_90"),
+        "{err}"
+    );
+
+    // Review's accept key refuses it too.
+    let mut child = w
+        .cmd(&["review", "--color", "never"])
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"a\nq\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("cannot accept") && out.contains("measured on kopt's fake device"),
+        "{}",
+        text(&o)
+    );
+    assert!(out.contains("0 accepted"), "{out}");
+    assert_eq!(w.ws.read(lock_path), lock_before, "the lock is untouched");
+    assert!(!w.ws.path(&format!("kopt/row_sum/{variant}")).exists());
+    assert!(dir.join("pending.json").is_file(), "still pending");
+
+    // As an earlier kopt accepted it: its folder committed, the lock naming it.
+    use kopt_spec::files::{self, LockEntry, LockFile, Rationale, VerifiedBy};
+    let vdir = w.ws.path(&format!("kopt/row_sum/{variant}"));
+    std::fs::create_dir_all(&vdir).unwrap();
+    for f in [
+        files::SOURCE_FILE,
+        files::VARIANT_FILE,
+        files::RATIONALE_JSON,
+    ] {
+        std::fs::copy(dir.join(f), vdir.join(f)).unwrap();
+    }
+    let r = Rationale::parse(&std::fs::read_to_string(vdir.join(files::RATIONALE_JSON)).unwrap())
+        .unwrap();
+    std::fs::write(vdir.join(files::RATIONALE_MD), r.render_markdown()).unwrap();
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("pending.json")).unwrap()).unwrap();
+    let hash = |f: &str| kopt_spec::source::hash(&std::fs::read(vdir.join(f)).unwrap());
+    let mut lock = LockFile::parse(&lock_before).unwrap();
+    lock.accepted.retain(|e| e.arch != "sm_90");
+    lock.accepted.push(LockEntry {
+        arch: "sm_90".into(),
+        variant: variant.clone(),
+        region: None,
+        verified_by: VerifiedBy::Kopt,
+        reference_hash: meta["reference_hash"].as_str().unwrap().into(),
+        spec_hash: meta["spec_hash"].as_str().unwrap().into(),
+        source_hash: hash(files::SOURCE_FILE),
+        variant_hash: hash(files::VARIANT_FILE),
+    });
+    w.ws.write(lock_path, &lock.render());
+    let o = w.run(&["check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!(
+            "variant `{variant}` for sm_90 rests on evidence from kopt's fake device (`kopt fake GPU (sm_90)`"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("cargo kopt revert row_sum --arch sm_90"),
+        "{out}"
+    );
 }

@@ -30,6 +30,12 @@ impl Env {
         self.cases.path().join("cases.sqlite")
     }
 
+    /// The scratch workspace's own target folder: its pending area is this test's alone,
+    /// even when the tests run with a shared `CARGO_TARGET_DIR`.
+    fn target(&self) -> PathBuf {
+        self.ws.root.join("target")
+    }
+
     fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_cargo-kopt"));
         c.arg("kopt")
@@ -37,8 +43,7 @@ impl Env {
             .arg("--manifest-path")
             .arg(self.ws.manifest())
             .env("KOPT_CASES", self.cases_db())
-            // The scratch workspace's own target folder holds its pending area.
-            .env_remove("CARGO_TARGET_DIR")
+            .env("CARGO_TARGET_DIR", self.target())
             .env_remove("NO_COLOR");
         c
     }
@@ -75,7 +80,7 @@ impl Env {
             (&k.hashes.reference, &k.hashes.spec),
             tweak,
         );
-        pending::save(&KoptDir::new(&g.target_dir), &p).unwrap();
+        pending::save(&KoptDir::new(&self.target()), &p).unwrap();
         p
     }
 }
@@ -435,4 +440,59 @@ fn cases_export_import_round_trip_and_repository_import() {
     assert!(err.contains("kind `conv` is unknown"), "{err}");
     let err = e.kopt_err(&["cases", "show", "nope"]);
     assert!(err.contains("no case `nope`"), "{err}");
+}
+
+#[test]
+fn an_edited_superseded_variant_cannot_come_back_as_verified() {
+    let e = Env::new();
+    e.seed("online-vec4-b", "run-1", "sm_90", "// b\n");
+    e.kopt_ok(&["accept", "softmax"]);
+    e.kopt_ok(&["revert", "softmax", "--to", "online-vec4"]);
+    // `online-vec4-b` (accepted by kopt) is superseded now; someone edits its code.
+    let src = "kopt/softmax/online-vec4-b/kernel.cu";
+    e.ws.write(
+        src,
+        &e.ws
+            .read(src)
+            .replace("// b\n", "// b, and a quiet change\n"),
+    );
+    let lock = e.ws.read("kopt/softmax/kopt.lock");
+    let o = e.kopt(&["check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&format!(
+            "{src} is not the file variant `online-vec4-b` was verified with"
+        )),
+        "{}",
+        text(&o)
+    );
+    let err = e.kopt_err(&["revert", "softmax", "--to", "online-vec4-b"]);
+    assert!(
+        err.contains(&format!(
+            "{src} is not the file `online-vec4-b` was verified with"
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        e.ws.read("kopt/softmax/kopt.lock"),
+        lock,
+        "still online-vec4"
+    );
+}
+
+#[test]
+fn a_pending_variant_from_the_fake_device_is_shown_but_never_accepted() {
+    let e = Env::new();
+    let mut p = e.seed("faked", "run-1", "sm_90", "// faked\n");
+    p.rationale.provenance.device = format!("{} (sm_90)", kopt_spec::files::FAKE_DEVICE_NAME);
+    pending::save(&KoptDir::new(&e.target()), &p).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&e.kopt_ok(&["pending", "--message-format", "json"])).unwrap();
+    assert_eq!(v["pending"][0]["status"], "fake-device", "{v}");
+    let err = e.kopt_err(&["accept", "softmax"]);
+    assert!(
+        err.contains("was measured on kopt's fake device (`kopt fake GPU (sm_90)`"),
+        "{err}"
+    );
+    assert!(!e.ws.path("kopt/softmax/faked").exists());
 }

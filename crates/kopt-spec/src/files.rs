@@ -279,8 +279,9 @@ pub struct SearchPoint {
     pub times_us: BTreeMap<String, f64>,
 }
 
-/// What a variant was verified as: the fields of its lock entry that do not depend on
-/// the variant's own files.
+/// What a variant was verified as: the fields of its lock entry, kept in the variant's own
+/// folder so that the folder stays checkable (and can be re-activated) after the lock no
+/// longer names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
     /// The condition over the scalar arguments where it runs; absent means every shape.
@@ -291,6 +292,50 @@ pub struct Claim {
     pub reference_hash: String,
     /// Hash of the spec (the annotation) at verification.
     pub spec_hash: String,
+    /// Hash of the variant's `kernel.cu` as it was verified. Absent in claims written
+    /// before kopt recorded it: such a folder's files cannot be told from edited ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_hash: Option<String>,
+    /// Hash of the variant's `variant.toml` as it was verified (absent as `source_hash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant_hash: Option<String>,
+}
+
+/// How a variant folder's `kernel.cu` and `variant.toml` compare with what its claim
+/// says was verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimedFiles {
+    /// Both are the bytes that were verified.
+    Match,
+    /// This file (`kernel.cu` or `variant.toml`) is not what was verified: it was edited
+    /// after verification.
+    Differs(&'static str),
+    /// The claim does not record both hashes (it predates them), and the one it records,
+    /// if any, matches: kopt cannot tell whether the files are what was verified.
+    Unrecorded,
+}
+
+impl Claim {
+    /// Compares a variant's files with the hashes the claim recorded.
+    pub fn compare_files(&self, source: &str, variant_text: &str) -> ClaimedFiles {
+        let recorded = [
+            (SOURCE_FILE, &self.source_hash, source),
+            (VARIANT_FILE, &self.variant_hash, variant_text),
+        ];
+        for (file, hash, text) in recorded {
+            if hash
+                .as_ref()
+                .is_some_and(|h| *h != crate::source::hash(text.as_bytes()))
+            {
+                return ClaimedFiles::Differs(file);
+            }
+        }
+        if self.source_hash.is_some() && self.variant_hash.is_some() {
+            ClaimedFiles::Match
+        } else {
+            ClaimedFiles::Unrecorded
+        }
+    }
 }
 
 /// A compressed, ranked summary of what was measured about one version of a kernel.
@@ -386,6 +431,22 @@ impl ShapeFigures {
     }
 }
 
+/// The name kopt's fake device gives itself (`KOPT_WORKER=fake`: a simulated GPU for tests
+/// without one, whose times and results are made up). The fake worker reports it and
+/// [`is_fake_device`] recognises it, so that evidence from it can never vouch for a
+/// variant on a real architecture.
+pub const FAKE_DEVICE_NAME: &str = "kopt fake GPU";
+
+/// Whether `device`, a device's name or a rationale's `provenance.device` (`NAME (sm_XY)`,
+/// as [`Provenance`] records it), is kopt's fake device.
+pub fn is_fake_device(device: &str) -> bool {
+    let name = device.trim();
+    name == FAKE_DEVICE_NAME
+        || name
+            .strip_prefix(FAKE_DEVICE_NAME)
+            .is_some_and(|rest| rest.starts_with(" ("))
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Provenance {
     /// Who or what proposed the variant: `person`, `heuristic`, `openai:<model>`...
@@ -419,6 +480,13 @@ pub struct BudgetUsed {
     pub tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
+}
+
+impl Provenance {
+    /// Whether the evidence was measured on kopt's fake device (see [`is_fake_device`]).
+    pub fn from_fake_device(&self) -> bool {
+        is_fake_device(&self.device)
+    }
 }
 
 impl BudgetUsed {
@@ -460,6 +528,50 @@ impl Rationale {
         let mut s = serde_json::to_string_pretty(self).expect("rationale serialises");
         s.push('\n');
         s
+    }
+
+    /// The smallest audit record of a hand-made variant, every text a placeholder that
+    /// says what to write there: what `cargo kopt pin` tells a person to start from.
+    pub fn skeleton(kernel: &str, variant: &str, arch: &str) -> Self {
+        Rationale {
+            format: FORMAT,
+            kernel: kernel.to_string(),
+            variant: variant.to_string(),
+            arch: arch.to_string(),
+            claim: None,
+            summary: "<what the variant changes, and what it buys>".into(),
+            snapshots: None,
+            diagnosis: Diagnosis {
+                bottleneck: "<memory-bound, latency-bound, compute-bound, ...>".into(),
+                explanation: "<why the version it replaces is slow>".into(),
+                evidence: vec!["<a measurement the diagnosis rests on>".into()],
+                confidence: None,
+            },
+            changes: vec![Change {
+                what: "<a change>".into(),
+                why: "<how it addresses the diagnosis>".into(),
+            }],
+            risks: vec![Risk {
+                risk: "<what could go wrong>".into(),
+                covered_by: "<the check that covered it>".into(),
+            }],
+            verification: Verification {
+                method: "<how you checked it against the reference>".into(),
+                outputs: Vec::new(),
+                seeds: Vec::new(),
+            },
+            figures: Vec::new(),
+            search: None,
+            provenance: Provenance {
+                agent: "person (hand-written)".into(),
+                device: "<the GPU it was measured on>".into(),
+                driver: "<its driver version>".into(),
+                date: "<YYYY-MM-DD>".into(),
+                copy_bandwidth_gbs: None,
+                session: None,
+                budget: None,
+            },
+        }
     }
 
     /// RATIONALE.md: written for a reviewer who was not there.
@@ -741,6 +853,73 @@ mod tests {
         assert!(err.contains("format 7 is not supported"), "{err}");
         let err = LockFile::parse("kernel = \"k\"\n").unwrap_err();
         assert!(err.contains("not a kopt file"), "{err}");
+    }
+
+    #[test]
+    fn the_fake_device_is_recognised_by_name_and_nothing_else_is() {
+        assert!(is_fake_device(FAKE_DEVICE_NAME));
+        // As a rationale's provenance records it: `NAME (ARCH)`.
+        assert!(is_fake_device(&format!("{FAKE_DEVICE_NAME} (sm_90)")));
+        for real in [
+            "NVIDIA H200 (sm_90)",
+            "NVIDIA H200",
+            "kopt fake GPU-like card",
+            "",
+        ] {
+            assert!(!is_fake_device(real), "{real:?}");
+        }
+    }
+
+    fn claim(source: Option<&str>, variant: Option<&str>) -> Claim {
+        Claim {
+            region: None,
+            verified_by: VerifiedBy::Kopt,
+            reference_hash: "sha256:r".into(),
+            spec_hash: "sha256:s".into(),
+            source_hash: source.map(|t| crate::source::hash(t.as_bytes())),
+            variant_hash: variant.map(|t| crate::source::hash(t.as_bytes())),
+        }
+    }
+
+    #[test]
+    fn a_claim_names_the_file_that_differs_from_what_was_verified() {
+        let c = claim(Some("src"), Some("toml"));
+        assert_eq!(c.compare_files("src", "toml"), ClaimedFiles::Match);
+        assert_eq!(
+            c.compare_files("src // edited", "toml"),
+            ClaimedFiles::Differs(SOURCE_FILE)
+        );
+        assert_eq!(
+            c.compare_files("src", "toml # edited"),
+            ClaimedFiles::Differs(VARIANT_FILE)
+        );
+        // An older claim records no hashes: nothing can be told.
+        assert_eq!(
+            claim(None, None).compare_files("anything", "at all"),
+            ClaimedFiles::Unrecorded
+        );
+        // A recorded hash is checked even when the other is missing.
+        let half = claim(Some("src"), None);
+        assert_eq!(half.compare_files("src", "x"), ClaimedFiles::Unrecorded);
+        assert_eq!(
+            half.compare_files("other", "x"),
+            ClaimedFiles::Differs(SOURCE_FILE)
+        );
+    }
+
+    #[test]
+    fn a_claim_without_file_hashes_reads_and_writes_as_before() {
+        let old = r#"{"verified_by":"kopt","reference_hash":"sha256:r","spec_hash":"sha256:s"}"#;
+        let c: Claim = serde_json::from_str(old).unwrap();
+        assert_eq!(c, claim(None, None));
+        assert_eq!(serde_json::to_string(&c).unwrap(), old);
+    }
+
+    #[test]
+    fn the_skeleton_of_a_rationale_is_a_valid_rationale() {
+        let r = Rationale::skeleton("softmax", "mine", "sm_90");
+        assert_eq!(Rationale::parse(&r.to_json()).unwrap(), r);
+        assert!(!r.provenance.from_fake_device());
     }
 
     #[test]

@@ -332,6 +332,16 @@ fn check_rationale(
     let r = std::fs::read_to_string(&json)
         .map_err(|e| e.to_string())
         .and_then(|t| Rationale::parse(&t));
+    if let Ok(r) = &r {
+        if r.provenance.from_fake_device() {
+            problems.push(fake_evidence_problem(
+                kernel,
+                entry,
+                &r.provenance.device,
+                rel_dir,
+            ));
+        }
+    }
     let problem = match r {
         Err(e) => Some(format!("{} cannot be read: {e}", files::RATIONALE_JSON)),
         Ok(r) if r.kernel != kernel || r.variant != entry.variant => Some(format!(
@@ -363,6 +373,214 @@ fn check_rationale(
     }
 }
 
+/// A lock entry whose evidence was measured on kopt's fake device: simulated figures and
+/// verdicts vouch for nothing on a real architecture.
+fn fake_evidence_problem(kernel: &str, entry: &LockEntry, device: &str, rel_dir: &str) -> Problem {
+    Problem {
+        kernel: kernel.to_string(),
+        path: rel_dir.to_string(),
+        problem: format!(
+            "variant `{}` for {} rests on evidence from kopt's fake device (`{device}` in its {}: `KOPT_WORKER=fake`, whose times and results are simulated), not from a GPU",
+            entry.variant,
+            entry.arch,
+            files::RATIONALE_JSON
+        ),
+        fix: format!(
+            "`cargo kopt revert {kernel} --arch {}` drops it; optimise on a real {} GPU (without KOPT_WORKER=fake) and accept that winner instead",
+            entry.arch, entry.arch
+        ),
+    }
+}
+
+/// What [`audit_variant_folders`] found besides problems: folders whose files kopt cannot
+/// vouch for, which do not fail the check.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FolderAudit {
+    pub problems: Vec<Problem>,
+    pub notes: Vec<String>,
+}
+
+/// The variant folders under `kopt/<kernel>/`, by name: visible subfolders (kopt's own
+/// temporary folders start with `.`).
+pub fn variant_folders(kernel_dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(kernel_dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Checks every variant folder of a kernel against its own audit record, not only those
+/// the lock names: a superseded folder is kept for `cargo kopt revert --to`, which would
+/// re-activate whatever it holds, so an edit there must not go unseen.
+///
+/// For each folder: its `rationale.json` must parse and name this kernel and variant,
+/// `RATIONALE.md` must be its rendering, and the files must be the ones its claim's
+/// hashes say were verified (the file that differs is named). A folder the lock names and
+/// [`resolve`] already reported is skipped (one problem per folder). Folders kopt cannot
+/// vouch for are notes, not problems: no `rationale.json` (a hand-made variant not yet
+/// pinned), no claim, or a claim written before kopt recorded file hashes; the lock's own
+/// hashes cover such a folder while the lock names it.
+pub fn audit_variant_folders(crate_root: &Path, kernel: &str, state: &KernelState) -> FolderAudit {
+    let mut out = FolderAudit::default();
+    let rel = |p: &Path| -> String {
+        p.strip_prefix(crate_root)
+            .unwrap_or(p)
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    // An unreadable lock is already a problem, and it leaves no way to tell which
+    // folders it named: every folder is then checked as if unreferenced.
+    let named: Vec<&str> = state
+        .lock
+        .iter()
+        .flat_map(|l| l.accepted.iter().map(|e| e.variant.as_str()))
+        .collect();
+    for name in variant_folders(&state.dir) {
+        let vdir = state.dir.join(&name);
+        let rel_dir = rel(&vdir);
+        if state.problems.iter().any(|p| p.path == rel_dir) {
+            continue;
+        }
+        let in_lock = named.contains(&name.as_str());
+        let restore = format!("restore it from version control (`git checkout -- {rel_dir}`)");
+        let problem = |problem: String, fix: String| Problem {
+            kernel: kernel.to_string(),
+            path: rel_dir.clone(),
+            problem,
+            fix,
+        };
+        if !files::is_valid_variant_name(&name) {
+            out.notes.push(format!(
+                "{rel_dir}: `{name}` is not a variant name (letters, digits, `-`, `_`, `.`), so no lock entry can name it; kopt ignores it"
+            ));
+            continue;
+        }
+        let json_path = vdir.join(files::RATIONALE_JSON);
+        let text = match std::fs::read_to_string(&json_path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !in_lock => {
+                out.notes.push(format!(
+                    "{rel_dir} has no {} and no lock entry names it (a hand-made variant not yet pinned?): `cargo kopt pin` needs the audit record first",
+                    files::RATIONALE_JSON
+                ));
+                continue;
+            }
+            Err(e) => {
+                out.problems.push(problem(
+                    format!(
+                        "the audit record of variant `{name}` is broken: {} cannot be read: {e}",
+                        files::RATIONALE_JSON
+                    ),
+                    restore,
+                ));
+                continue;
+            }
+        };
+        let r = match Rationale::parse(&text) {
+            Ok(r) => r,
+            Err(e) => {
+                out.problems.push(problem(
+                    format!(
+                        "the audit record of variant `{name}` is broken: {} cannot be read: {e}",
+                        files::RATIONALE_JSON
+                    ),
+                    restore,
+                ));
+                continue;
+            }
+        };
+        if r.kernel != kernel || r.variant != name {
+            out.problems.push(problem(
+                format!(
+                    "the audit record of variant `{name}` is broken: {} describes `{}/{}`",
+                    files::RATIONALE_JSON,
+                    r.kernel,
+                    r.variant
+                ),
+                restore,
+            ));
+            continue;
+        }
+        match std::fs::read_to_string(vdir.join(files::RATIONALE_MD)) {
+            Ok(md) if md == r.render_markdown() => {}
+            Ok(_) => {
+                out.problems.push(problem(
+                    format!(
+                        "the audit record of variant `{name}` is broken: {} does not match {} (one was edited without the other)",
+                        files::RATIONALE_MD,
+                        files::RATIONALE_JSON
+                    ),
+                    restore,
+                ));
+                continue;
+            }
+            Err(e) => {
+                out.problems.push(problem(
+                    format!(
+                        "the audit record of variant `{name}` is broken: {} cannot be read: {e}",
+                        files::RATIONALE_MD
+                    ),
+                    restore,
+                ));
+                continue;
+            }
+        }
+        let Some(claim) = &r.claim else {
+            if !in_lock {
+                out.notes.push(format!(
+                    "{rel_dir} is unverifiable: its {} records no claim (what it was verified as), so an edit of its files would go unseen and `cargo kopt revert --to` refuses it; `cargo kopt gc` lists it",
+                    files::RATIONALE_JSON
+                ));
+            }
+            continue;
+        };
+        let read = |file: &str| {
+            std::fs::read_to_string(vdir.join(file))
+                .map_err(|e| format!("{file} cannot be read: {e}"))
+        };
+        let (source, variant_text) = match (read(files::SOURCE_FILE), read(files::VARIANT_FILE)) {
+            (Ok(s), Ok(v)) => (s, v),
+            (Err(e), _) | (_, Err(e)) => {
+                out.problems.push(problem(
+                    format!("variant folder `{name}` is incomplete: {e}"),
+                    restore,
+                ));
+                continue;
+            }
+        };
+        match claim.compare_files(&source, &variant_text) {
+            files::ClaimedFiles::Match => {}
+            files::ClaimedFiles::Differs(file) => out.problems.push(problem(
+                format!(
+                    "{rel_dir}/{file} is not the file variant `{name}` was verified with: its hash differs from the one the claim in {} records (edited after it was accepted){}",
+                    files::RATIONALE_JSON,
+                    if in_lock { "" } else { "; `cargo kopt revert --to` would re-activate the edited code" }
+                ),
+                format!(
+                    "restore it (`git checkout -- {rel_dir}/{file}`); to keep the edit, verify it as a new variant (`cargo kopt optimize {kernel}`), or copy it to a new folder and vouch for it with `cargo kopt pin`"
+                ),
+            )),
+            files::ClaimedFiles::Unrecorded => {
+                if !in_lock {
+                    out.notes.push(format!(
+                        "{rel_dir} is unverifiable: its claim was written before kopt recorded the hashes of kernel.cu and variant.toml, so an edit of them would go unseen and `cargo kopt revert --to` refuses it; `cargo kopt gc` lists it"
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Which lock entry (if any) runs for `arch` and `args`: the first usable one whose region
 /// and build-dependent constraints hold ([`KernelSpec::variant_applies`]), as the
 /// generated launcher decides. A predicate that cannot be evaluated counts as "no".
@@ -384,4 +602,207 @@ pub fn select<'a>(
                 .is_some_and(|v| v != 0),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::files::{Claim, VerifiedBy};
+
+    const SRC: &str = "__global__ void k_v() {}\n";
+    const TOML: &str = "format = 1\n";
+
+    /// A variant folder as kopt writes it; `hashes`: whether its claim records the files'.
+    fn folder(kdir: &Path, name: &str, claim: Option<bool>) -> PathBuf {
+        let d = kdir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(files::SOURCE_FILE), SRC).unwrap();
+        std::fs::write(d.join(files::VARIANT_FILE), TOML).unwrap();
+        let mut r = Rationale::skeleton("k", name, "sm_90");
+        r.claim = claim.map(|hashes| Claim {
+            region: None,
+            verified_by: VerifiedBy::Kopt,
+            reference_hash: "sha256:r".into(),
+            spec_hash: "sha256:s".into(),
+            source_hash: hashes.then(|| source::hash(SRC.as_bytes())),
+            variant_hash: hashes.then(|| source::hash(TOML.as_bytes())),
+        });
+        std::fs::write(d.join(files::RATIONALE_JSON), r.to_json()).unwrap();
+        std::fs::write(d.join(files::RATIONALE_MD), r.render_markdown()).unwrap();
+        d
+    }
+
+    fn state(kdir: &Path, lock_names: &[&str], problems: Vec<Problem>) -> KernelState {
+        let mut lock = LockFile::new("k");
+        for v in lock_names {
+            lock.accepted.push(LockEntry {
+                arch: "sm_90".into(),
+                variant: v.to_string(),
+                region: None,
+                verified_by: VerifiedBy::Kopt,
+                reference_hash: "sha256:r".into(),
+                spec_hash: "sha256:s".into(),
+                source_hash: source::hash(SRC.as_bytes()),
+                variant_hash: source::hash(TOML.as_bytes()),
+            });
+        }
+        KernelState {
+            dir: kdir.to_path_buf(),
+            lock: Some(lock),
+            entries: Vec::new(),
+            tracked: Vec::new(),
+            problems,
+        }
+    }
+
+    #[test]
+    fn every_folder_is_checked_against_its_own_claim() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        let kdir = files::kernel_dir(root, "k");
+        folder(&kdir, "accepted", Some(true));
+        folder(&kdir, "intact", Some(true));
+        let edited = folder(&kdir, "edited", Some(true));
+        std::fs::write(edited.join(files::SOURCE_FILE), "// edited\n").unwrap();
+        let retuned = folder(&kdir, "retuned", Some(true));
+        std::fs::write(retuned.join(files::VARIANT_FILE), "format = 1\n# edited\n").unwrap();
+        folder(&kdir, "older", Some(false));
+        folder(&kdir, "unclaimed", None);
+        let md = folder(&kdir, "md-edited", Some(true));
+        std::fs::write(md.join(files::RATIONALE_MD), "# by hand\n").unwrap();
+        let bare = kdir.join("hand-made");
+        std::fs::create_dir_all(&bare).unwrap();
+        std::fs::create_dir_all(kdir.join(".x.kopt-tmp-1-1")).unwrap();
+        // A folder the lock names and `resolve` already reported is not reported twice.
+        let reported = folder(&kdir, "reported", Some(true));
+        std::fs::write(reported.join(files::SOURCE_FILE), "// edited too\n").unwrap();
+        let already = Problem {
+            kernel: "k".into(),
+            path: "kopt/k/reported".into(),
+            problem: "corrupt".into(),
+            fix: "restore".into(),
+        };
+
+        let audit = audit_variant_folders(
+            root,
+            "k",
+            &state(&kdir, &["accepted", "reported"], vec![already]),
+        );
+        let problems: Vec<(&str, &str)> = audit
+            .problems
+            .iter()
+            .map(|p| (p.path.as_str(), p.problem.as_str()))
+            .collect();
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(
+            problems[0].0 == "kopt/k/edited"
+                && problems[0].1.starts_with(
+                    "kopt/k/edited/kernel.cu is not the file variant `edited` was verified with"
+                )
+                && problems[0]
+                    .1
+                    .contains("`cargo kopt revert --to` would re-activate the edited code"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[1].0 == "kopt/k/md-edited"
+                && problems[1].1.contains("RATIONALE.md does not match"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[2].0 == "kopt/k/retuned"
+                && problems[2]
+                    .1
+                    .starts_with("kopt/k/retuned/variant.toml is not the file"),
+            "{problems:#?}"
+        );
+        assert!(audit.problems[0]
+            .fix
+            .contains("git checkout -- kopt/k/edited/kernel.cu"));
+        assert_eq!(audit.notes.len(), 3, "{:#?}", audit.notes);
+        assert!(
+            audit.notes[0].starts_with("kopt/k/hand-made has no rationale.json"),
+            "{:#?}",
+            audit.notes
+        );
+        assert!(
+            audit.notes[1]
+                .starts_with("kopt/k/older is unverifiable: its claim was written before"),
+            "{:#?}",
+            audit.notes
+        );
+        assert!(
+            audit.notes[2].starts_with(
+                "kopt/k/unclaimed is unverifiable: its rationale.json records no claim"
+            ),
+            "{:#?}",
+            audit.notes
+        );
+
+        // The lock's own hashes cover a folder it names: no note for an older claim there.
+        let audit =
+            audit_variant_folders(root, "k", &state(&kdir, &["older", "unclaimed"], vec![]));
+        assert!(
+            !audit
+                .notes
+                .iter()
+                .any(|n| n.contains("older") || n.contains("unclaimed")),
+            "{:#?}",
+            audit.notes
+        );
+        // A lock entry whose folder lacks its audit record is a problem, not a note.
+        let audit = audit_variant_folders(root, "k", &state(&kdir, &["hand-made"], vec![]));
+        assert!(
+            audit.problems.iter().any(|p| p.path == "kopt/k/hand-made"
+                && p.problem.contains("rationale.json cannot be read")),
+            "{:#?}",
+            audit.problems
+        );
+    }
+
+    #[test]
+    fn a_lock_entry_with_evidence_from_the_fake_device_is_a_problem() {
+        let d = tempfile::tempdir().unwrap();
+        let kdir = files::kernel_dir(d.path(), "k");
+        let vdir = folder(&kdir, "v", Some(true));
+        let mut r =
+            Rationale::parse(&std::fs::read_to_string(vdir.join(files::RATIONALE_JSON)).unwrap())
+                .unwrap();
+        r.provenance.device = format!("{} (sm_90)", files::FAKE_DEVICE_NAME);
+        std::fs::write(vdir.join(files::RATIONALE_JSON), r.to_json()).unwrap();
+        std::fs::write(vdir.join(files::RATIONALE_MD), r.render_markdown()).unwrap();
+        let st = state(&kdir, &["v"], vec![]);
+        let mut problems = Vec::new();
+        check_rationale(
+            "k",
+            &st.lock.as_ref().unwrap().accepted[0],
+            &vdir,
+            "kopt/k/v",
+            &mut problems,
+        );
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(
+            problems[0]
+                .problem
+                .contains("rests on evidence from kopt's fake device (`kopt fake GPU (sm_90)`"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[0].fix.contains("cargo kopt revert k --arch sm_90"),
+            "{problems:#?}"
+        );
+        // A real device's evidence is no problem.
+        r.provenance.device = "NVIDIA H200 (sm_90)".into();
+        std::fs::write(vdir.join(files::RATIONALE_JSON), r.to_json()).unwrap();
+        std::fs::write(vdir.join(files::RATIONALE_MD), r.render_markdown()).unwrap();
+        let mut problems = Vec::new();
+        check_rationale(
+            "k",
+            &st.lock.as_ref().unwrap().accepted[0],
+            &vdir,
+            "kopt/k/v",
+            &mut problems,
+        );
+        assert!(problems.is_empty(), "{problems:#?}");
+    }
 }

@@ -132,6 +132,8 @@ fn rationale_formats() {
             verified_by: VerifiedBy::Kopt,
             reference_hash: "sha256:aaaa".into(),
             spec_hash: "sha256:bbbb".into(),
+            source_hash: Some("sha256:cccc".into()),
+            variant_hash: Some("sha256:dddd".into()),
         }),
         summary: "Loads eight halves per thread.".into(),
         snapshots: Some(Snapshots {

@@ -18,7 +18,9 @@
 
 use std::path::{Path, PathBuf};
 
-use kopt_spec::files::{self, Claim, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy};
+use kopt_spec::files::{
+    self, Claim, ClaimedFiles, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy,
+};
 use kopt_spec::source::{self, Amalgamated};
 use kopt_spec::spec::KernelSpec;
 use kopt_spec::store::{self, Hashes, Unusable};
@@ -177,6 +179,15 @@ pub fn plan_accept(
         "or drop it with `cargo kopt reject {kernel} --arch {}`",
         m.arch
     );
+    // Every architecture a pending variant can name is a real one (`validate` requires an
+    // `sm_XY` name), and the fake device's figures are made up: nothing it measured can
+    // vouch for a variant there.
+    if pending.rationale.provenance.from_fake_device() {
+        return Err(Error::Invalid(format!(
+            "pending variant `{}` of `{kernel}` for {} was measured on kopt's fake device (`{}` in its rationale's provenance: `KOPT_WORKER=fake`, a simulated GPU whose times and results are made up), so nothing vouches for it on a real {} GPU and it cannot be accepted; optimise on a {} GPU without KOPT_WORKER=fake, {reject_hint}",
+            m.variant, m.arch, pending.rationale.provenance.device, m.arch, m.arch
+        )));
+    }
     if m.reference_hash != t.hashes.reference {
         return Err(Error::Stale(format!(
             "pending variant `{}` of `{kernel}` for {} is stale: the reference source (or one of its includes) changed since run {} verified it, so its verification no longer holds; re-verify it against today's reference by optimising again (`cargo kopt optimize {kernel}`), {reject_hint}",
@@ -202,15 +213,19 @@ pub fn plan_accept(
         p.variant.id = new.to_string();
         p.rationale.variant = new.to_string();
     }
-    // The committed rationale records what it vouches for, so that the variant can be
-    // re-activated later (`cargo kopt revert --to`) while that is still today's.
+    // The committed rationale records what it vouches for, the hashes of the variant's own
+    // files included, so that the folder stays tamper-evident after the lock no longer names
+    // it, and can be re-activated later (`cargo kopt revert --to`) while the reference and
+    // annotation it was verified against are still today's.
+    let variant_text = p.variant.render();
     p.rationale.claim = Some(Claim {
         region: p.meta.region.clone(),
         verified_by: p.meta.verified_by,
         reference_hash: p.meta.reference_hash.clone(),
         spec_hash: p.meta.spec_hash.clone(),
+        source_hash: Some(source::hash(p.source.as_bytes())),
+        variant_hash: Some(source::hash(variant_text.as_bytes())),
     });
-    let variant_text = p.variant.render();
     let entry = LockEntry {
         arch: p.meta.arch.clone(),
         variant: p.meta.variant.clone(),
@@ -597,6 +612,31 @@ pub fn reactivate(
             files::RATIONALE_JSON
         )));
     };
+    if r.provenance.from_fake_device() {
+        return Err(Error::Invalid(format!(
+            "`{variant}` was measured on kopt's fake device (`{}` in {relv}/{}: `KOPT_WORKER=fake`, whose times and results are made up), so nothing vouches for it on a real {arch} GPU and it cannot be re-activated; optimise on a {arch} GPU and accept that winner instead",
+            r.provenance.device,
+            files::RATIONALE_JSON
+        )));
+    }
+    // Re-activating writes the claim's `verified_by` into the lock: only the very files
+    // that were verified may get it.
+    match claim.compare_files(&src, &vtext) {
+        ClaimedFiles::Match => {}
+        ClaimedFiles::Differs(file) => {
+            return Err(Error::Invalid(format!(
+                "{relv}/{file} is not the file `{variant}` was verified with (its hash differs from the one the claim in {} records: it was edited since), so it cannot be re-activated as verified; restore it (`git checkout -- {relv}/{file}`), or verify the edited code as a new variant (`cargo kopt optimize {kernel}`)",
+                files::RATIONALE_JSON
+            )))
+        }
+        ClaimedFiles::Unrecorded => {
+            return Err(Error::Invalid(format!(
+                "the claim in {relv}/{} was written before kopt recorded the hashes of kernel.cu and variant.toml, so kopt cannot tell whether they are still the files that were verified and will not re-activate them as verified; vouch for them yourself with `cargo kopt pin {kernel} {variant} --arch {arch}{}` (`verified_by = \"manual\"`), or re-verify them (`cargo kopt optimize {kernel}`)",
+                files::RATIONALE_JSON,
+                claim.region.as_ref().map(|r| format!(" --region '{r}'")).unwrap_or_default()
+            )))
+        }
+    }
     if claim.reference_hash != t.hashes.reference {
         return Err(Error::Stale(format!(
             "`{variant}` was verified against another reference source than today's (it or an include changed since), so it cannot be re-activated as it is; re-verify it by optimising again (`cargo kopt optimize {kernel}`)"

@@ -6,6 +6,7 @@
 //! - [`accept`]: accepting a pending variant into the crate's committed `kopt/` files (the
 //!   lock file is the commit point), rejecting it, and re-activating an earlier variant.
 //! - [`review`]: what a reviewer is shown: the plan of an accept and a source diff.
+//! - [`gc`]: the variant folders no lock entry names (`cargo kopt gc`).
 //! - [`evidence`]: assembling a variant's [`Rationale`](kopt_spec::files::Rationale) from
 //!   structured evidence, checking that the evidence supports it.
 //! - [`journal`]: the append-only journal and artefacts of an optimisation run, under
@@ -26,6 +27,7 @@ pub mod cases;
 pub mod evidence;
 pub mod features;
 mod fsx;
+pub mod gc;
 pub mod journal;
 pub mod layout;
 pub mod merge;

@@ -444,3 +444,109 @@ fn reactivation_needs_current_hashes() {
         "{err}"
     );
 }
+
+#[test]
+fn evidence_from_the_fake_device_is_never_accepted() {
+    let f = Fixture::new();
+    let mut p = f.pending("faked", "run-1", "");
+    p.rationale.provenance.device = format!("{} (sm_90)", files::FAKE_DEVICE_NAME);
+    // It may wait for review (the loop's tests run on the fake device), but not be accepted.
+    pending::save(&f.kopt, &p).unwrap();
+    let err = accept::plan_accept(&f.target(), &f.kopt, &p, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("pending variant `faked` of `softmax` for sm_90 was measured on kopt's fake device (`kopt fake GPU (sm_90)`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cargo kopt reject softmax --arch sm_90"),
+        "{err}"
+    );
+    assert!(!f.path("kopt").exists(), "nothing written");
+}
+
+#[test]
+fn an_accepted_claim_records_the_files_and_an_edit_stops_reactivation() {
+    let f = Fixture::new();
+    let t = f.target();
+    for (name, run) in [("a", "run-1"), ("b", "run-2")] {
+        let p = f.pending(name, run, &format!("// {name}\n"));
+        accept::apply_accept(
+            &t,
+            &f.kopt,
+            &accept::plan_accept(&t, &f.kopt, &p, None).unwrap(),
+        )
+        .unwrap();
+    }
+    // The claim holds the hashes the lock recorded when `a` was accepted.
+    let claim = Rationale::parse(&f.read("kopt/softmax/a/rationale.json"))
+        .unwrap()
+        .claim
+        .unwrap();
+    let src = f.read("kopt/softmax/a/kernel.cu");
+    let vtext = f.read("kopt/softmax/a/variant.toml");
+    assert_eq!(
+        claim.source_hash.as_deref(),
+        Some(kopt_spec::source::hash(src.as_bytes()).as_str())
+    );
+    assert_eq!(
+        claim.variant_hash.as_deref(),
+        Some(kopt_spec::source::hash(vtext.as_bytes()).as_str())
+    );
+
+    // `a` is superseded; an edit of its kernel.cu is caught, naming the file.
+    let edited = src.replace("__global__", "__global__ /* edited */");
+    assert_ne!(edited, src);
+    std::fs::write(f.path("kopt/softmax/a/kernel.cu"), &edited).unwrap();
+    let err = accept::reactivate(&t, &f.kopt, "a", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("kopt/softmax/a/kernel.cu is not the file `a` was verified with"),
+        "{err}"
+    );
+    assert!(
+        err.contains("git checkout -- kopt/softmax/a/kernel.cu"),
+        "{err}"
+    );
+    assert_eq!(usable(&f), ["b"], "the lock is unchanged");
+    std::fs::write(f.path("kopt/softmax/a/kernel.cu"), &src).unwrap();
+    std::fs::write(
+        f.path("kopt/softmax/a/variant.toml"),
+        vtext.replace("block", "# edited\nblock"),
+    )
+    .unwrap();
+    let err = accept::reactivate(&t, &f.kopt, "a", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("kopt/softmax/a/variant.toml is not the file"),
+        "{err}"
+    );
+    std::fs::write(f.path("kopt/softmax/a/variant.toml"), &vtext).unwrap();
+
+    // A claim written before the hashes were recorded cannot vouch for the files.
+    let path = f.path("kopt/softmax/a/rationale.json");
+    let mut r = Rationale::parse(&f.read("kopt/softmax/a/rationale.json")).unwrap();
+    let full = r.clone();
+    let c = r.claim.as_mut().unwrap();
+    (c.source_hash, c.variant_hash) = (None, None);
+    std::fs::write(&path, r.to_json()).unwrap();
+    let err = accept::reactivate(&t, &f.kopt, "a", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("written before kopt recorded the hashes of kernel.cu and variant.toml"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cargo kopt pin softmax a --arch sm_90 --region 'cols % 4 == 0'"),
+        "{err}"
+    );
+
+    // With the files as verified, it comes back.
+    std::fs::write(&path, full.to_json()).unwrap();
+    accept::reactivate(&t, &f.kopt, "a", None).unwrap();
+    assert_eq!(usable(&f), ["a"]);
+}

@@ -150,7 +150,7 @@ pub fn fake_device() -> DeviceInfo {
 pub fn fake_device_on(ordinal: usize) -> DeviceInfo {
     DeviceInfo {
         ordinal,
-        name: "kopt fake GPU".into(),
+        name: kopt_spec::files::FAKE_DEVICE_NAME.into(),
         uuid: format!("GPU-fake-{ordinal:04}"),
         compute_capability: (9, 0),
         arch: "sm_90".into(),
