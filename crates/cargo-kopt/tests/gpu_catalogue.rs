@@ -318,7 +318,11 @@ fn a_tail_skipping_candidate_is_caught_under_twenty_seed_salts() {
     for salt in 0..20u64 {
         let salt_file = eval::kopt_dir(&g).join("seed-salt");
         std::fs::create_dir_all(salt_file.parent().unwrap()).unwrap();
-        std::fs::write(&salt_file, format!("{}", 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(salt + 1))).unwrap();
+        std::fs::write(
+            &salt_file,
+            format!("{}", 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(salt + 1)),
+        )
+        .unwrap();
         let job = eval::job(&g, k, candidate.clone(), None, &settings, false);
         let verdict = judge.judge(&engine.evaluate(&job, &mut |_| {}).report);
         let declared_ok = verdict
@@ -331,7 +335,11 @@ fn a_tail_skipping_candidate_is_caught_under_twenty_seed_salts() {
             verdict.summary().lines().next().unwrap_or(""),
             job.shapes.iter().filter(|s| s.held_out).count()
         );
-        assert!(declared_ok, "the cheat is right on the declared shapes: {}", verdict.summary());
+        assert!(
+            declared_ok,
+            "the cheat is right on the declared shapes: {}",
+            verdict.summary()
+        );
         if !verdict.accepted && held_out {
             caught += 1;
         }

@@ -833,8 +833,7 @@ impl CudaBackend {
             }
             let one = reference_us.map(|t| t * 1e-6);
             progress(&format!("{check}: candidate"), one);
-            let (c1, modified, _) =
-                step!(self.run_once(spec, cf, cg, ca, bufs, &pristine, true));
+            let (c1, modified, _) = step!(self.run_once(spec, cf, cg, ca, bufs, &pristine, true));
             progress(&format!("{check}: reference"), one);
             let (reference, _, r_us) =
                 step!(self.run_once(spec, rf, rg, ra, bufs, &pristine, false));
@@ -909,8 +908,7 @@ impl CudaBackend {
             .map_err(|e| Stop::Error(format!("inputs: {e}"))));
         let one = Some(t_ref * 1e-6);
         progress(&format!("{recheck}: reference"), one);
-        let (reference, _, _) =
-            step!(self.run_once(spec, rf, rg, ra, bufs, &pristine, false));
+        let (reference, _, _) = step!(self.run_once(spec, rf, rg, ra, bufs, &pristine, false));
         progress(&format!("{recheck}: candidate"), one);
         let (c, _, _) = step!(self.run_once(spec, cf, cg, ca, bufs, &pristine, true));
         progress(&format!("{recheck}: comparison"), None);
