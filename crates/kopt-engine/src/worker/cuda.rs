@@ -824,7 +824,7 @@ impl CudaBackend {
                     &format!("{label}: reference launch (its time sets the hang limits)"),
                     None,
                 );
-                let t = step!(self.launch_alone(spec, rf, rg, &ra, bufs, &pristine));
+                let t = step!(self.launch_alone(spec, rf, rg, ra, bufs, &pristine));
                 if self.reference_launch_us.len() >= 1024 {
                     self.reference_launch_us.clear();
                 }
