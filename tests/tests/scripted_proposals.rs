@@ -95,13 +95,7 @@ fn cluster_x(source: &str, defines: &BTreeMap<String, i64>) -> Option<i64> {
 
 /// Every shape the engine can draw as held out, over many seeds, plus the declared ones.
 fn all_shapes(spec: &KernelSpec) -> Vec<BTreeMap<String, Number>> {
-    let max_bytes = spec
-        .shapes
-        .iter()
-        .map(|s| kopt_engine::job::shape_bytes(spec, &spec.shape_args(s)))
-        .max()
-        .unwrap()
-        * 2;
+    let max_bytes = kopt_engine::job::held_out_byte_cap(spec);
     let mut out: Vec<BTreeMap<String, Number>> =
         spec.shapes.iter().map(|s| s.values.clone()).collect();
     for seed in 0..64 {

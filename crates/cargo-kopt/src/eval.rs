@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use kopt_engine::engine::{base_seed, seed_salt, Engine};
 use kopt_engine::job::{
-    held_out_shapes, shape_bytes, EvalJob, KernelVersion, Seeds, ShapeCase, TimingPolicy,
+    held_out_byte_cap, held_out_shapes, EvalJob, KernelVersion, Seeds, ShapeCase, TimingPolicy,
 };
 use kopt_engine::parent::{WorkerCommand, WorkerFailure};
 use kopt_engine::pool::{DevicePool, DeviceSelection};
@@ -25,6 +25,10 @@ pub struct Settings {
     pub timing: TimingPolicy,
     /// Tolerated slowdown against the best (0.03 = 3%).
     pub threshold: f64,
+    /// Seeded held-out shapes per declared shape, drawn on top of the seed-independent
+    /// ones (per dimension: the fewest factors of two, the smallest size, just above a
+    /// power of two; see `kopt_engine::job::held_out_shapes`). 0: no held-out shapes at
+    /// all (the search's and the bench's own measurements).
     pub held_out_per_shape: usize,
     pub sanitize: bool,
     pub use_cache: bool,
@@ -143,21 +147,15 @@ pub fn job(
         .map(ShapeCase::declared)
         .collect();
     let salt = seed_salt(&kopt_dir(g));
-    let max_bytes = k
-        .spec
-        .shapes
-        .iter()
-        .map(|s| shape_bytes(&k.spec, &k.spec.shape_args(s)))
-        .max()
-        .unwrap_or(0)
-        * 2;
-    shapes.extend(held_out_shapes(
-        &k.spec,
-        region,
-        salt ^ 0x5EED,
-        settings.held_out_per_shape,
-        max_bytes,
-    ));
+    if settings.held_out_per_shape > 0 {
+        shapes.extend(held_out_shapes(
+            &k.spec,
+            region,
+            salt ^ 0x5EED,
+            settings.held_out_per_shape,
+            held_out_byte_cap(&k.spec),
+        ));
+    }
     let spec_json = k.spec.canonical_json();
     let base = base_seed(
         salt,

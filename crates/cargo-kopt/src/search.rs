@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kopt_engine::engine::Engine;
-use kopt_engine::job::{held_out_shapes_for, shape_bytes, KernelVersion, TimingPolicy};
+use kopt_engine::job::{held_out_byte_cap, held_out_shapes_for, KernelVersion, TimingPolicy};
 use kopt_engine::protocol::{Ceilings, DeviceInfo};
 use kopt_engine::verdict::{Fence, Judge, Verdict};
 use kopt_search::bench::{self, Landscape, Row};
@@ -357,13 +357,6 @@ impl<'a> EngineEvaluator<'a> {
         let mut job = eval::job(self.g, self.k, v, None, &settings, true);
         job.reference = self.reference.clone();
         let spec = &self.k.spec;
-        let max_bytes = spec
-            .shapes
-            .iter()
-            .map(|s| shape_bytes(spec, &spec.shape_args(s)))
-            .max()
-            .unwrap_or(0)
-            * 2;
         let salt = kopt_engine::engine::seed_salt(&kopt_dir(self.g));
         let defines = job.candidate.defines.clone();
         job.shapes.extend(held_out_shapes_for(
@@ -372,7 +365,7 @@ impl<'a> EngineEvaluator<'a> {
             None,
             salt ^ 0x5EED,
             1,
-            max_bytes,
+            held_out_byte_cap(spec),
         ));
         let ev = self.engine.evaluate(&job, progress);
         let mut verdict = self.judge.judge(&ev.report);

@@ -169,7 +169,7 @@ fn each_fence_rejects_its_failure() {
         (
             "// kopt-fake: wrong-held-out y",
             Fence::HeldOut,
-            "(held out)",
+            "(held out: ",
         ),
         (
             "// kopt-fake: wrong-after-timing",

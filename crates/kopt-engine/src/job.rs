@@ -495,165 +495,11 @@ pub struct EvalJob {
 // ---------------------------------------------------------------------------------------
 // Held-out shapes.
 
-/// Shapes derived from the declared ones that no agent sees: each integer scalar moved
-/// (halved, doubled, off by a small odd amount), kept when lengths and geometry are valid,
-/// the constraints hold at the tunables' defaults, `region` (the candidate's claim) holds,
-/// and the buffers stay within `max_bytes`. Deterministic in `seed`, which is not shown
-/// to agents either.
-pub fn held_out_shapes(
-    spec: &KernelSpec,
-    region: Option<&Expr>,
-    seed: u64,
-    per_shape: usize,
-    max_bytes: u64,
-) -> Vec<ShapeCase> {
-    held_out_shapes_for(
-        spec,
-        &spec.default_defines(),
-        region,
-        seed,
-        per_shape,
-        max_bytes,
-    )
-}
-
-/// [`held_out_shapes`] for a version built with `defines` (a search point): the
-/// constraints and the launch rule are evaluated with those values, so that a shape the
-/// version cannot run (`cols % VEC != 0` with its `VEC`) is never chosen.
-pub fn held_out_shapes_for(
-    spec: &KernelSpec,
-    defines: &BTreeMap<String, i64>,
-    region: Option<&Expr>,
-    seed: u64,
-    per_shape: usize,
-    max_bytes: u64,
-) -> Vec<ShapeCase> {
-    let defines = defines.clone();
-    let ints: Vec<String> = spec
-        .scalars()
-        .filter(|s| !s.ty.is_float())
-        .map(|s| s.name.clone())
-        .collect();
-    let declared: Vec<Vec<i64>> = spec.shapes.iter().map(|s| spec.shape_args(s)).collect();
-    let mut out: Vec<ShapeCase> = Vec::new();
-    let mut state = seed | 1;
-    let mut next = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    for shape in &spec.shapes {
-        let mut candidates: Vec<BTreeMap<String, Number>> = Vec::new();
-        for name in &ints {
-            let Some(Number::Int(v)) = shape.values.get(name).copied() else {
-                continue;
-            };
-            let odd = [1, 3, 5, 7, 13][(next() % 5) as usize];
-            for nv in [v / 2, v * 2, v + odd, v - odd, v + 32 + odd] {
-                if nv <= 0 || nv == v {
-                    continue;
-                }
-                let mut values = shape.values.clone();
-                values.insert(name.clone(), Number::Int(nv));
-                candidates.push(values);
-            }
-        }
-        // Fisher-Yates with the seeded generator, then keep the first valid ones.
-        for i in (1..candidates.len()).rev() {
-            let j = (next() % (i as u64 + 1)) as usize;
-            candidates.swap(i, j);
-        }
-        let mut taken = 0;
-        for values in candidates {
-            if taken == per_shape {
-                break;
-            }
-            let s = Shape {
-                values,
-                weight: 1.0,
-            };
-            let args = spec.shape_args(&s);
-            if declared.contains(&args)
-                || out.iter().any(|o| {
-                    spec.shape_args(&Shape {
-                        values: o.values.clone(),
-                        weight: 1.0,
-                    }) == args
-                })
-            {
-                continue;
-            }
-            if shape_is_valid(spec, &defines, region, &args, max_bytes) {
-                out.push(ShapeCase {
-                    label: format!("{} (held out)", kopt_spec::spec::shape_label(&s)),
-                    values: s.values,
-                    held_out: true,
-                    timed: false,
-                });
-                taken += 1;
-            }
-        }
-    }
-    out
-}
-
-fn shape_is_valid(
-    spec: &KernelSpec,
-    defines: &BTreeMap<String, i64>,
-    region: Option<&Expr>,
-    args: &[i64],
-    max_bytes: u64,
-) -> bool {
-    let eval = |e: &Expr| {
-        spec.compile_expr(e, defines)
-            .ok()
-            .and_then(|p| expr::eval(&p, args).ok())
-    };
-    let mut bytes: u64 = 0;
-    for b in spec.buffers() {
-        match eval(&b.len) {
-            Some(n) if n > 0 => bytes = bytes.saturating_add(n as u64 * b.dtype.size() as u64),
-            _ => return false,
-        }
-    }
-    if bytes > max_bytes {
-        return false;
-    }
-    for d in spec.launch.grid.iter().chain(spec.launch.block.iter()) {
-        if !matches!(eval(d), Some(v) if v > 0 && v <= u32::MAX as i64) {
-            return false;
-        }
-    }
-    if !spec.constraints.iter().all(|c| eval(c) == Some(1)) {
-        return false;
-    }
-    // A `values(...)` buffer must get one value per element, and computed arguments must
-    // fit their types, as on the declared shapes.
-    if spec
-        .buffers()
-        .any(|b| matches!(b.fixed_values(spec, args), Some(Err(_))))
-    {
-        return false;
-    }
-    if spec.computed_args().next().is_some() {
-        let values: BTreeMap<String, Number> = spec
-            .scalars()
-            .zip(args)
-            .map(|(s, v)| (s.name.clone(), Number::Int(*v)))
-            .collect();
-        if spec
-            .kernel_arg_values(&spec.launch, defines, &values)
-            .is_err()
-        {
-            return false;
-        }
-    }
-    match region {
-        None => true,
-        Some(r) => eval(r) == Some(1),
-    }
-}
+mod held_out;
+pub use held_out::{
+    held_out_byte_cap, held_out_label, held_out_shapes, held_out_shapes_for, parse_held_out_label,
+    seed_independent_held_out_shapes, shape_is_valid,
+};
 
 /// Total bytes of the buffers of a shape.
 pub fn shape_bytes(spec: &KernelSpec, args: &[i64]) -> u64 {
@@ -756,7 +602,9 @@ mod tests {
         let a = held_out_shapes(&spec, None, 42, 2, 1 << 30);
         let b = held_out_shapes(&spec, None, 42, 2, 1 << 30);
         assert_eq!(a, b, "deterministic under a seed");
-        assert_eq!(a.len(), 4);
+        // The seed-independent shapes, then two seeded ones per declared shape.
+        let fixed = seed_independent_held_out_shapes(&spec, &spec.default_defines(), None, 1 << 30);
+        assert_eq!(a.len(), fixed.len() + 4);
         for s in &a {
             assert!(s.held_out && !s.timed);
             let cols = s.values["cols"].as_i64().unwrap();
@@ -779,8 +627,19 @@ mod tests {
                 "inside the region"
             );
         }
+        // Under a 1000-byte cap only the smallest sizes fit (16 rows of 4 columns: 512
+        // bytes); under 100 bytes, nothing.
+        let small = held_out_shapes(&spec, None, 42, 2, 1000);
+        assert!(!small.is_empty());
+        for s in &small {
+            let args = spec.shape_args(&Shape {
+                values: s.values.clone(),
+                weight: 1.0,
+            });
+            assert!(shape_bytes(&spec, &args) <= 1000, "memory cap: {}", s.label);
+        }
         assert!(
-            held_out_shapes(&spec, None, 42, 2, 1000).is_empty(),
+            held_out_shapes(&spec, None, 42, 2, 100).is_empty(),
             "memory cap"
         );
     }
