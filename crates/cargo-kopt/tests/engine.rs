@@ -416,6 +416,21 @@ fn unchanged_candidates_come_from_the_cache() {
 }
 
 #[test]
+fn a_compile_failure_is_never_served_from_the_cache() {
+    // Fixed outside the key's reach (a header installed): it must compile again.
+    let mut f = fixture(true);
+    let job = candidate(
+        &f,
+        "// kopt-fake: compile-error cannot open source file \"cuda/std/type_traits\"",
+    );
+    let first = f.engine.evaluate(&job, &mut |_| {});
+    assert!(!first.cached);
+    assert!(!first.report.as_ref().unwrap().candidate.ok);
+    let again = f.engine.evaluate(&job, &mut |_| {});
+    assert!(!again.cached, "a cached compile failure was served");
+}
+
+#[test]
 fn the_worker_refuses_another_protocol_version() {
     let mut child = Command::new(exe())
         .args(["kopt", "__worker", "--fake"])

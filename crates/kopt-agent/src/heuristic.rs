@@ -51,32 +51,94 @@ fn code_block(text: &str) -> Option<String> {
     Some(text[start..end].to_string() + "\n")
 }
 
-/// Adds `__restrict__` to the pointer parameters of `entry`.
-pub fn add_restrict(source: &str, entry: &str) -> Option<String> {
-    let at = source.find(&format!("{entry}("))? + entry.len() + 1;
-    let close = at + source[at..].find(')')?;
-    let params = &source[at..close];
-    let mut changed = false;
-    let rewritten: Vec<String> = params
-        .split(',')
-        .map(|p| {
-            if p.contains('*') && !p.contains("__restrict__") {
-                let star = p.rfind('*').expect("contains a star");
-                changed = true;
-                format!("{} __restrict__{}", &p[..=star], &p[star + 1..])
-            } else {
-                p.to_string()
+/// The code tokens of the entry's definition: the index of its name, of the `(` and of
+/// the matching `)`. Only a definition written out counts (a macro's body is not code the
+/// rewrites may touch), and only after `__global__`.
+fn entry_params<'a>(
+    toks: &[kopt_spec::source::CodeToken<'a>],
+    entry: &str,
+) -> Option<(usize, usize, usize)> {
+    let name = toks.iter().enumerate().position(|(i, t)| {
+        t.text == entry
+            && toks.get(i + 1).is_some_and(|n| n.text == "(")
+            && toks[..i]
+                .iter()
+                .rev()
+                .take_while(|p| p.text != ";" && p.text != "}" && p.text != "{")
+                .any(|p| p.text == "__global__")
+    })?;
+    let open = name + 1;
+    let mut depth = 0;
+    for (j, t) in toks.iter().enumerate().skip(open) {
+        match t.text {
+            "(" => depth += 1,
+            ")" => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some((name, open, j));
+                }
             }
-        })
-        .collect();
-    changed.then(|| {
-        format!(
-            "{}{}{}",
-            &source[..at],
-            rewritten.join(","),
-            &source[close..]
-        )
-    })
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Adds `__restrict__` to the pointer parameters of `entry`: after each parameter's last
+/// `*`, with a space on both sides, on the code tokens of a written-out definition (never
+/// inside a macro, a comment or a string).
+pub fn add_restrict(source: &str, entry: &str) -> Option<String> {
+    let toks = kopt_spec::source::code_tokens(source);
+    let (_, open, close) = entry_params(&toks, entry)?;
+    // Each parameter's tokens, split at the top-level commas.
+    let mut inserts = Vec::new();
+    let mut param: Vec<&kopt_spec::source::CodeToken> = Vec::new();
+    let mut depth = 0;
+    for t in &toks[open + 1..=close] {
+        let end_of_param = (t.text == "," && depth == 0) || (t.text == ")" && depth == 0);
+        if end_of_param {
+            let has_restrict = param.iter().any(|p| p.text == "__restrict__");
+            if let Some(star) = param.iter().rev().find(|p| p.text == "*") {
+                if !has_restrict {
+                    inserts.push(star.start + 1);
+                }
+            }
+            param.clear();
+            continue;
+        }
+        match t.text {
+            "(" | "[" | "<" => depth += 1,
+            ")" | "]" | ">" => depth -= 1,
+            _ => {}
+        }
+        param.push(t);
+    }
+    if inserts.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(source.len() + 16 * inserts.len());
+    let mut last = 0;
+    for at in inserts {
+        out.push_str(&source[last..at]);
+        out.push_str(" __restrict__");
+        if !source[at..].starts_with(|c: char| c.is_whitespace()) {
+            out.push(' ');
+        }
+        last = at;
+    }
+    out.push_str(&source[last..]);
+    Some(out)
+}
+
+/// Whether NVRTC (where it can be loaded) compiles `source` but not `rewrite`, for
+/// compute capability 9.0 (the rewrites touch no architecture-specific code). Without
+/// NVRTC nothing is known and nothing is refused.
+fn breaks_compile(source: &str, rewrite: &str) -> bool {
+    if !kopt::gpu::nvrtc_present() {
+        return false;
+    }
+    let compiles = |s: &str| kopt::compile_ptx("heuristic", "rewrite", s, &[], (9, 0)).is_ok();
+    compiles(source) && !compiles(rewrite)
 }
 
 /// Adds `__launch_bounds__(threads)` after `__global__` on the entry's definition.
@@ -95,42 +157,42 @@ pub fn add_launch_bounds(source: &str, entry: &str, threads: u32) -> Option<Stri
 }
 
 /// `#pragma unroll N` before each `for` of the source without that pragma (the entry and
-/// the device functions it calls; unrolling never changes results).
+/// the device functions it calls; unrolling never changes results). Only a `for` that is
+/// code (not in a macro's body, a comment or a string) and begins its line gets one, so
+/// the pragma stands on a line of its own.
 pub fn unroll_loops(source: &str, _entry: &str, factor: u32) -> Option<String> {
-    let region = source.to_string();
-    let start = 0;
-    let mut out = String::new();
+    let loops: Vec<usize> = kopt_spec::source::code_tokens(source)
+        .iter()
+        .filter(|t| t.text == "for" && t.starts_line)
+        .map(|t| t.start)
+        .collect();
+    let mut out = String::with_capacity(source.len());
     let mut changed = false;
-    let mut previous = "";
-    for line in region.split_inclusive('\n') {
-        let t = line.trim_start();
-        if t.starts_with("for (") || t.starts_with("for(") {
-            if previous.trim_start().starts_with("#pragma unroll") {
-                if !previous.contains(&format!("unroll {factor}")) {
-                    // Replace the previous factor: drop the pragma line already written.
-                    let cut = out.trim_end_matches(previous).len();
-                    out.truncate(cut);
-                    let indent = &line[..line.len() - t.len()];
-                    out.push_str(&format!("{indent}#pragma unroll {factor}\n"));
-                    changed = true;
-                }
-            } else {
-                let indent = &line[..line.len() - t.len()];
-                out.push_str(&format!("{indent}#pragma unroll {factor}\n"));
-                changed = true;
+    let mut last = 0;
+    for at in loops {
+        let line_start = source[..at].rfind('\n').map_or(0, |i| i + 1);
+        let indent = &source[line_start..at];
+        // The line before: an existing pragma is kept if it has this factor, else replaced.
+        let before = &source[last..line_start];
+        let prev_start = before
+            .trim_end_matches('\n')
+            .rfind('\n')
+            .map_or(0, |i| i + 1);
+        let previous = before[prev_start..].trim_end_matches('\n');
+        if previous.trim_start().starts_with("#pragma unroll") {
+            if previous.trim() == format!("#pragma unroll {factor}") {
+                continue;
             }
+            out.push_str(&before[..prev_start]);
+        } else {
+            out.push_str(before);
         }
-        out.push_str(line);
-        previous = line;
+        out.push_str(&format!("{indent}#pragma unroll {factor}\n"));
+        changed = true;
+        last = line_start;
     }
-    changed.then(|| {
-        format!(
-            "{}{}{}",
-            &source[..start],
-            out,
-            &source[start + region.len()..]
-        )
-    })
+    out.push_str(&source[last..]);
+    changed.then_some(out)
 }
 
 /// The constant block size of a launch rule text `256, 1, 1`, if it is constant.
@@ -266,6 +328,11 @@ impl Backend for Heuristic {
                     }
                 };
             let Some(candidate) = candidate else { continue };
+            if breaks_compile(&source, &candidate) {
+                // A rewrite that NVRTC refuses where the source compiles never reaches
+                // the GPU: the next step is tried instead.
+                continue;
+            }
             let matrix = neighbour_matrix(&tunables(prompt));
             let mut changes = changes;
             if !matrix.is_empty() {
@@ -304,10 +371,50 @@ mod tests {
     const K: &str = "extern \"C\" __global__ void k(const float* x, float *y, unsigned int n) {\n    for (unsigned i = threadIdx.x; i < n; i += blockDim.x) {\n        y[i] = x[i];\n    }\n}\n";
 
     #[test]
+    fn rewrites_touch_code_only_and_keep_tokens_apart() {
+        // `float *src` must not become `__restrict__src`; a macro's body and a comment are
+        // not rewritten; the pragma never lands inside a `#define ... \\` body.
+        let src = "// for (int i = 0; i < n; ++i) in a comment\n#define LOOP(N) \\\n  for (int j = 0; j < N; ++j) { }\nextern \"C\" __global__ void k(const float *src, float *dst, int n /* float *x */) {\n  for (int i = 0; i < n; ++i) dst[i] = src[i];\n}\n";
+        let r = add_restrict(src, "k").unwrap();
+        assert!(
+            r.contains(
+                "const float * __restrict__ src, float * __restrict__ dst, int n /* float *x */"
+            ),
+            "{r}"
+        );
+        assert!(r.starts_with("// for (int i"), "{r}");
+        let u = unroll_loops(src, "k", 4).unwrap();
+        assert_eq!(u.matches("#pragma unroll 4").count(), 1, "{u}");
+        assert!(
+            u.contains("#pragma unroll 4\n  for (int i = 0; i < n; ++i) dst"),
+            "{u}"
+        );
+        assert!(u.contains("#define LOOP(N) \\\n  for (int j"), "{u}");
+        // A macro-made entry has no written-out definition to rewrite.
+        let made =
+            "#define OP(NAME) extern \"C\" __global__ void NAME(float *y) { y[0] = 1; }\nOP(k)\n";
+        assert!(add_restrict(made, "k").is_none());
+        // A `for` after other code on its line is left alone.
+        assert!(unroll_loops("void f() { int i; for (i = 0; i < 4; ++i) {} }\n", "f", 4).is_none());
+    }
+
+    #[test]
+    fn a_rewrite_nvrtc_refuses_is_told_from_one_it_compiles() {
+        if !kopt::gpu::nvrtc_for_test() {
+            return;
+        }
+        let r = add_restrict(K, "k").unwrap();
+        assert!(!breaks_compile(K, &r), "{r}");
+        // What the old text rewrite made of `float *y`: one identifier `__restrict__y`.
+        let broken = K.replace("float *y", "float * __restrict__y");
+        assert!(breaks_compile(K, &broken));
+    }
+
+    #[test]
     fn rewrites() {
         let r = add_restrict(K, "k").unwrap();
         assert!(
-            r.contains("const float* __restrict__ x, float * __restrict__y"),
+            r.contains("const float* __restrict__ x, float * __restrict__ y"),
             "{r}"
         );
         assert!(add_restrict(&r, "k").is_none(), "idempotent");

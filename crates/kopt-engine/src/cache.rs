@@ -26,10 +26,23 @@ pub fn hash_parts(parts: &[&str]) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The cache key of a job on a device.
+/// The cache key of a job on a device, in this process's compile environment
+/// ([`kopt::compile_environment`]: NVRTC's version, the CUDA headers it reads, the
+/// variables that choose the toolkit), so that a result is never replayed for code that
+/// would now compile differently.
 pub fn key(job: &EvalJob, device: &DeviceInfo) -> String {
+    key_in(job, device, kopt::compile_environment())
+}
+
+/// [`key`] under a given compile environment.
+pub fn key_in(job: &EvalJob, device: &DeviceInfo, compile_environment: &str) -> String {
     let json = serde_json::to_string(job).expect("jobs serialise");
-    hash_parts(&["kopt-eval-v3", &json, &device.identity()])
+    hash_parts(&[
+        "kopt-eval-v3",
+        &json,
+        &device.identity(),
+        compile_environment,
+    ])
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +139,25 @@ mod tests {
         d.uuid = "GPU-other".into();
         assert_ne!(key(&job(), &d), base, "device");
         assert_ne!(hash_parts(&["ab", "c"]), hash_parts(&["a", "bc"]));
+        // The compile environment: another NVRTC, other headers, another toolkit.
+        let env = |s: &str| key_in(&job(), &dev, s);
+        let here = "nvrtc Some((13, 0)); shims 1; CUDA_HOME=/usr/local/cuda; include [\"/usr/local/cuda/include\"] 812 files, 0123";
+        assert_ne!(
+            env(here),
+            env(&here.replace("(13, 0)", "(12, 9)")),
+            "NVRTC version"
+        );
+        assert_ne!(
+            env(here),
+            env(&here.replace("812 files, 0123", "813 files, 4567")),
+            "headers"
+        );
+        assert_ne!(
+            env(here),
+            env(&here.replace("CUDA_HOME=/usr/local/cuda", "CUDA_HOME=/opt/cuda")),
+            "toolkit"
+        );
+        assert_eq!(key(&job(), &dev), env(kopt::compile_environment()));
     }
 
     #[test]

@@ -78,7 +78,14 @@ impl Engine {
             }
         };
         let key = cache::key(job, &dev);
-        if let Some(hit) = self.cache.as_ref().and_then(|c| c.get(&key)) {
+        // A compile failure is never served from the cache: the fix is often outside the
+        // key's reach (a header installed, a toolkit fixed), and compiling again is cheap.
+        if let Some(hit) = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.get(&key))
+            .filter(|r| r.reference.ok && r.candidate.ok)
+        {
             return Evaluation {
                 report: Ok(hit),
                 cached: true,
@@ -86,7 +93,7 @@ impl Engine {
         }
         let report = self.worker.evaluate(job, progress);
         if let (Ok(r), Some(c)) = (&report, &self.cache) {
-            if r.fault.is_none() {
+            if r.fault.is_none() && r.reference.ok && r.candidate.ok {
                 let _ = c.put(&key, r);
             }
         }

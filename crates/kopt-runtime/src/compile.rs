@@ -47,6 +47,72 @@ pub fn cuda_include_dirs() -> Vec<String> {
     out
 }
 
+/// Everything besides a version's source and options that changes what NVRTC makes of
+/// it, as one string for cache keys: NVRTC's version, the CUDA include folders and a
+/// digest of their files (path, size, modification time), the standard-header shims'
+/// version, and the environment variables that choose the toolkit. Computed once per
+/// process (a walk over the toolkit's headers).
+pub fn compile_environment() -> &'static str {
+    static ENV: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| {
+        let dirs = cuda_include_dirs();
+        let vars: Vec<String> = ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "KOPT_CUDA_INCLUDE"]
+            .iter()
+            .map(|v| format!("{v}={}", std::env::var(v).unwrap_or_default()))
+            .collect();
+        format!(
+            "nvrtc {:?}; shims {}; {}; include {:?} {}",
+            nvrtc_version(),
+            crate::headers::SHIMS_VERSION,
+            vars.join(" "),
+            dirs,
+            include_digest(
+                &dirs
+                    .iter()
+                    .map(std::path::PathBuf::from)
+                    .collect::<Vec<_>>()
+            )
+        )
+    })
+}
+
+/// A digest of every file under `dirs`: relative path, size and modification time, in a
+/// fixed order. A header edited, added or removed changes it.
+pub fn include_digest(dirs: &[std::path::PathBuf]) -> String {
+    fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<_> = entries.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let path = e.path();
+            match e.metadata() {
+                Ok(m) if m.is_dir() => walk(&path, out),
+                Ok(m) => {
+                    let mtime = m
+                        .modified()
+                        .ok()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_nanos());
+                    out.push(format!("{}|{}|{mtime}", path.display(), m.len()));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    let mut lines = Vec::new();
+    for d in dirs {
+        walk(d, &mut lines);
+    }
+    use std::hash::{Hash, Hasher};
+    // Not a security boundary: a stable 64-bit digest of the listing is enough to tell
+    // one toolkit state from another.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    lines.hash(&mut h);
+    format!("{} files, {:016x}", lines.len(), h.finish())
+}
+
 /// NVRTC's version (`(13, 0)`), or `None` where NVRTC cannot be loaded.
 pub fn nvrtc_version() -> Option<(i32, i32)> {
     if !crate::gpu::nvrtc_present() {
@@ -437,6 +503,21 @@ pub fn ptxas_entries(log: &str) -> Vec<CompiledEntry> {
 #[cfg(test)]
 mod tests {
     use super::{options_arch, ptxas_entries};
+
+    #[test]
+    fn the_include_digest_follows_the_headers() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("cuda/std")).unwrap();
+        std::fs::write(d.path().join("cuda_fp16.h"), "a").unwrap();
+        let dirs = vec![d.path().to_path_buf()];
+        let first = super::include_digest(&dirs);
+        assert_eq!(first, super::include_digest(&dirs), "stable");
+        std::fs::write(d.path().join("cuda/std/limits"), "b").unwrap();
+        let added = super::include_digest(&dirs);
+        assert_ne!(first, added, "a header added");
+        std::fs::write(d.path().join("cuda_fp16.h"), "a longer header").unwrap();
+        assert_ne!(added, super::include_digest(&dirs), "a header edited");
+    }
 
     #[test]
     fn ptxas_figures_per_entry() {

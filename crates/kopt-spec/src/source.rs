@@ -165,6 +165,94 @@ fn quoted_include(line: &str) -> Option<String> {
     Some(rest[..end].to_string())
 }
 
+/// A token of CUDA C++ code outside comments, string and character literals and
+/// preprocessor directives (their continuation lines included): what a rewrite may touch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeToken<'a> {
+    pub text: &'a str,
+    /// Byte offset in the source.
+    pub start: usize,
+    /// Whether the token is the first of its line (only blanks before it).
+    pub starts_line: bool,
+}
+
+/// The code tokens of `source` (see [`CodeToken`]): identifiers and numbers whole, every
+/// other character alone.
+pub fn code_tokens(source: &str) -> Vec<CodeToken<'_>> {
+    let b = source.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut line_start = true;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'\n' {
+            line_start = true;
+            i += 1;
+            continue;
+        }
+        if c.is_ascii_whitespace() {
+            i += 1;
+            continue;
+        }
+        if c == b'/' && b.get(i + 1) == Some(&b'/') {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+            continue;
+        }
+        if c == b'/' && b.get(i + 1) == Some(&b'*') {
+            i += 2;
+            while i + 1 < b.len() && !(b[i] == b'*' && b[i + 1] == b'/') {
+                i += 1;
+            }
+            i = (i + 2).min(b.len());
+            continue;
+        }
+        if c == b'#' && line_start {
+            // A directive runs to the end of its line and every continued line.
+            while i < b.len() {
+                if b[i] == b'\n' {
+                    if i > 0 && b[i - 1] == b'\\' {
+                        i += 1;
+                        continue;
+                    }
+                    break;
+                }
+                i += 1;
+            }
+            continue;
+        }
+        if c == b'"' || c == b'\'' {
+            let quote = c;
+            i += 1;
+            while i < b.len() && b[i] != quote && b[i] != b'\n' {
+                if b[i] == b'\\' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            i = (i + 1).min(b.len());
+            line_start = false;
+            continue;
+        }
+        let start = i;
+        if c.is_ascii_alphanumeric() || c == b'_' {
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                i += 1;
+            }
+        } else {
+            i += source[i..].chars().next().map_or(1, char::len_utf8);
+        }
+        out.push(CodeToken {
+            text: &source[start..i],
+            start,
+            starts_line: line_start,
+        });
+        line_start = false;
+    }
+    out
+}
+
 /// `sha256:<hex>` of some bytes: the form every hash takes in kopt's files.
 pub fn hash(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);
