@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use kopt_engine::engine::{base_seed, seed_salt, Engine};
 use kopt_engine::job::{
-    held_out_byte_cap, held_out_shapes, EvalJob, KernelVersion, Seeds, ShapeCase, TimingPolicy,
+    held_out_byte_cap, held_out_shapes_for, EvalJob, KernelVersion, Seeds, ShapeCase, TimingPolicy,
 };
 use kopt_engine::parent::{WorkerCommand, WorkerFailure};
 use kopt_engine::pool::{DevicePool, DeviceSelection};
@@ -148,8 +148,11 @@ pub fn job(
         .collect();
     let salt = seed_salt(&kopt_dir(g));
     if settings.held_out_per_shape > 0 {
-        shapes.extend(held_out_shapes(
+        // Drawn for the candidate's own defines: a shape its build cannot run (`cols %
+        // VEC != 0` with its `VEC`) is outside what it claims, not a failure of it.
+        shapes.extend(held_out_shapes_for(
             &k.spec,
+            &candidate.defines,
             region,
             salt ^ 0x5EED,
             settings.held_out_per_shape,
