@@ -305,6 +305,13 @@ fn run_job(
     if tool == "racecheck" {
         args.extend(["--racecheck-report".into(), "hazard".into()]);
     }
+    if tool == "memcheck" {
+        // Buffers allocated one after another can be contiguous, and memcheck only asks
+        // whether an address belongs to some allocation: a write one element past an
+        // output lands in the next buffer unseen. Padding after every allocation makes
+        // such an access an error.
+        args.extend(["--padding".into(), "512".into()]);
+    }
     let stderr_path = scratch.join(format!("sanitize-{tool}.stderr"));
     let status = std::fs::File::create(&stderr_path).and_then(|stderr| {
         let mut child = Command::new(bin)
