@@ -95,7 +95,7 @@ pub fn add_restrict(source: &str, entry: &str) -> Option<String> {
     let mut param: Vec<&kopt_spec::source::CodeToken> = Vec::new();
     let mut depth = 0;
     for t in &toks[open + 1..=close] {
-        let end_of_param = (t.text == "," && depth == 0) || (t.text == ")" && depth == 0);
+        let end_of_param = depth == 0 && (t.text == "," || t.text == ")");
         if end_of_param {
             let has_restrict = param.iter().any(|p| p.text == "__restrict__");
             if let Some(star) = param.iter().rev().find(|p| p.text == "*") {
