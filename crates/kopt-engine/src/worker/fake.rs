@@ -28,6 +28,11 @@
 //! // kopt-fake: real-time F             every launch also takes F times its device time
 //! //                                    of real time (default 0: none), so that the
 //! //                                    parent's hang limits meet a slow device
+//! // kopt-fake: expect-args x y n=4 b=256  this version must be launched with exactly
+//! //                                    these kernel arguments (buffers by name, scalars
+//! //                                    as name=value), on every shape
+//! // kopt-fake: expect-input BUFFER 4 1 2  that input holds these elements, in both
+//! //                                    checks' variations (fixed contents)
 //! ```
 //!
 //! **Steps and timing.** The fake device goes through a shape's steps as the GPU does
@@ -38,12 +43,6 @@
 //! ([`crate::job::TimingPolicy::plan`]), sampled under the same stopping rule on the
 //! device's clock, the samples 0.995, 1, 1.005 and 1 times the time in turn (so that the
 //! median is the time itself).
-//! // kopt-fake: expect-args x y n=4 b=256  this version must be launched with exactly
-//! //                                    these kernel arguments (buffers by name, scalars
-//! //                                    as name=value), on every shape
-//! // kopt-fake: expect-input BUFFER 4 1 2  that input holds these elements, in both
-//! //                                    checks' variations (fixed contents)
-//! ```
 //!
 //! The fake device builds each version's kernel arguments as the CUDA worker does
 //! ([`KernelVersion::arg_values`]): a failure to compute them, or a version whose
