@@ -752,7 +752,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             }
             let bar = progress_bar(json);
             let verified = eval::verify(&gathered, &kernels, &mut pool, &settings, &mut |m| {
-                bar.set_message(m.to_string())
+                bar.say(m)
             })?;
             bar.finish_and_clear();
             let ok = verified.outcomes.iter().all(|o| o.passed());
@@ -785,7 +785,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             engine.worker.step_timeout = std::time::Duration::from_secs(args.step_timeout);
             let bar = progress_bar(json);
             let file = eval::bench(&gathered, &kernels, &mut engine, &settings, &mut |m| {
-                bar.set_message(m.to_string())
+                bar.say(m)
             })
             .map_err(|e| e.to_string())?;
             bar.finish_and_clear();
@@ -876,7 +876,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             };
             let bar = progress_bar(json);
             let r = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| {
-                bar.set_message(m.to_string())
+                bar.say(m)
             })?;
             bar.finish_and_clear();
             if json {
@@ -1101,7 +1101,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             };
             let bar = progress_bar(json);
             let outcome = cargo_kopt::profile::profile(&gathered, &options, &mut |m| {
-                bar.set_message(m.to_string())
+                bar.say(m)
             });
             bar.finish_and_clear();
             let outcome = outcome?;
@@ -1210,9 +1210,49 @@ fn check_names(g: &Gathered, names: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn progress_bar(json: bool) -> indicatif::ProgressBar {
+/// Where progress goes: a spinner on a terminal; elsewhere (a CI log, a pipe) one plain
+/// line per new message with the time since the start, so that a long run says what it
+/// is doing in a log too; nothing with `--message-format json` (stdout is the machine's).
+enum Progress {
+    Bar(indicatif::ProgressBar),
+    Lines {
+        start: std::time::Instant,
+        last: std::cell::RefCell<String>,
+    },
+    Quiet,
+}
+
+impl Progress {
+    fn say(&self, message: &str) {
+        match self {
+            Progress::Bar(bar) => bar.set_message(message.to_string()),
+            Progress::Lines { start, last } => {
+                if *last.borrow() != message {
+                    eprintln!("[{:>5}s] {message}", start.elapsed().as_secs());
+                    *last.borrow_mut() = message.to_string();
+                }
+            }
+            Progress::Quiet => {}
+        }
+    }
+
+    fn finish_and_clear(&self) {
+        if let Progress::Bar(bar) = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn progress_bar(json: bool) -> Progress {
+    use std::io::IsTerminal;
     if json {
-        return indicatif::ProgressBar::hidden();
+        return Progress::Quiet;
+    }
+    if !std::io::stderr().is_terminal() {
+        return Progress::Lines {
+            start: std::time::Instant::now(),
+            last: Default::default(),
+        };
     }
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_style(
@@ -1220,7 +1260,7 @@ fn progress_bar(json: bool) -> indicatif::ProgressBar {
             .expect("valid template"),
     );
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    bar
+    Progress::Bar(bar)
 }
 
 fn print_json<T: serde::Serialize>(v: &T) {

@@ -465,10 +465,121 @@ pub fn compare(
         dims.map(|d| crate::job::coordinates(i as u64, d))
             .unwrap_or_default()
     };
+    // Whole rows per piece of work (a row's RMS is the row's), pieces in order, merged in
+    // order: the result is the serial one exactly, only sooner on large outputs.
+    let rows = n.div_ceil(rule.row_len.max(1));
+    let threads = if n < PARALLEL_FROM {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map(|t| t.get())
+            .unwrap_or(1)
+            .clamp(1, 16)
+            .min(rows)
+    };
+    let rows_each = rows.div_ceil(threads.max(1));
+    let ranges: Vec<std::ops::Range<usize>> = (0..threads)
+        .map(|t| {
+            let lo = (t * rows_each * rule.row_len).min(n);
+            let hi = ((t + 1) * rows_each * rule.row_len).min(n);
+            lo..hi
+        })
+        .filter(|r| !r.is_empty())
+        .collect();
+    let partials: Vec<Partial> = if ranges.len() <= 1 {
+        vec![compare_rows(dtype, &rule, got, want, 0..n)]
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = ranges
+                .iter()
+                .map(|r| {
+                    let (rule, r) = (&rule, r.clone());
+                    scope.spawn(move || compare_rows(dtype, rule, got, want, r))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a comparison thread does not panic"))
+                .collect()
+        })
+    };
     let mut worst: Option<(usize, f64, f64, Allowance)> = None;
+    let mut first_bad: Option<(usize, f64, f64, Allowance)> = None;
+    for p in partials {
+        c.failing += p.failing;
+        c.non_finite += p.non_finite;
+        c.max_abs_error = c.max_abs_error.max(p.max_abs_error);
+        c.max_rel_error = c.max_rel_error.max(p.max_rel_error);
+        // As the serial scan: a later piece's worst replaces only a strictly larger ratio.
+        if p.worst.is_some() && (worst.is_none() || p.max_error_ratio > c.max_error_ratio) {
+            worst = p.worst;
+        }
+        c.max_error_ratio = c.max_error_ratio.max(p.max_error_ratio);
+        if first_bad.is_none() {
+            first_bad = p.first_bad;
+        }
+    }
+    c.first_bad = first_bad.map(|(i, g, w, allowance)| {
+        let lo = i.saturating_sub(2);
+        let hi = (i + 3).min(n);
+        BadElement {
+            index: i as u64,
+            coords: locate(i),
+            got: g,
+            want: w,
+            neighbourhood: (lo..hi)
+                .map(|j| (j as u64, element(dtype, got, j), element(dtype, want, j)))
+                .collect(),
+            allowance: Some(allowance),
+        }
+    });
+    c.worst = worst.map(|(i, got, want, allowance)| Worst {
+        index: i as u64,
+        coords: locate(i),
+        got,
+        want,
+        allowance,
+    });
+    c
+}
+
+/// Outputs from this many elements are compared on several threads.
+const PARALLEL_FROM: usize = 1 << 20;
+
+/// What [`compare_rows`] found in its rows.
+struct Partial {
+    failing: u64,
+    non_finite: u64,
+    max_abs_error: f64,
+    max_rel_error: f64,
+    max_error_ratio: f64,
+    /// (index, got, want, allowance) at the first largest ratio.
+    worst: Option<(usize, f64, f64, Allowance)>,
+    /// The first failing element.
+    first_bad: Option<(usize, f64, f64, Allowance)>,
+}
+
+/// [`compare`]'s scan over `range` (whole rows of `rule`).
+fn compare_rows(
+    dtype: DType,
+    rule: &Rule,
+    got: &[u8],
+    want: &[u8],
+    range: std::ops::Range<usize>,
+) -> Partial {
+    let mut p = Partial {
+        failing: 0,
+        non_finite: 0,
+        max_abs_error: 0.0,
+        max_rel_error: 0.0,
+        max_error_ratio: 0.0,
+        worst: None,
+        first_bad: None,
+    };
     let (mut gs, mut ws) = (Vec::with_capacity(PIECE), Vec::with_capacity(PIECE));
-    for row_start in (0..n).step_by(rule.row_len) {
-        let row_end = (row_start + rule.row_len).min(n);
+    let end_all = range.end;
+    for row_start in range.step_by(rule.row_len.max(1)) {
+        let row_end = (row_start + rule.row_len).min(end_all);
         let row = rule.row(row_rms(dtype, want, row_start..row_end, &mut ws));
         for start in (row_start..row_end).step_by(PIECE) {
             let end = (start + PIECE).min(row_end);
@@ -480,9 +591,9 @@ pub fn compare(
                 let finite = g.is_finite() && w.is_finite();
                 let abs = (g - w).abs();
                 if finite {
-                    c.max_abs_error = c.max_abs_error.max(abs);
+                    p.max_abs_error = p.max_abs_error.max(abs);
                     if w != 0.0 {
-                        c.max_rel_error = c.max_rel_error.max(abs / w.abs());
+                        p.max_rel_error = p.max_rel_error.max(abs / w.abs());
                     }
                     let ratio = if abs == 0.0 {
                         0.0
@@ -491,46 +602,28 @@ pub fn compare(
                     } else {
                         f64::INFINITY
                     };
-                    if ratio > c.max_error_ratio || worst.is_none() {
-                        c.max_error_ratio = c.max_error_ratio.max(ratio);
-                        worst = Some((i, g, w, row.allowance(w)));
+                    if ratio > p.max_error_ratio || p.worst.is_none() {
+                        p.max_error_ratio = p.max_error_ratio.max(ratio);
+                        p.worst = Some((i, g, w, row.allowance(w)));
                     }
                     if abs <= allowed {
                         continue;
                     }
                 }
-                c.failing += 1;
+                p.failing += 1;
                 if !g.is_finite() && w.is_finite() {
-                    c.non_finite += 1;
+                    p.non_finite += 1;
                 }
                 if !finite {
-                    c.max_abs_error = f64::INFINITY;
+                    p.max_abs_error = f64::INFINITY;
                 }
-                if c.first_bad.is_none() {
-                    let lo = i.saturating_sub(2);
-                    let hi = (i + 3).min(n);
-                    c.first_bad = Some(BadElement {
-                        index: i as u64,
-                        coords: locate(i),
-                        got: g,
-                        want: w,
-                        neighbourhood: (lo..hi)
-                            .map(|j| (j as u64, element(dtype, got, j), element(dtype, want, j)))
-                            .collect(),
-                        allowance: Some(row.allowance(w)),
-                    });
+                if p.first_bad.is_none() {
+                    p.first_bad = Some((i, g, w, row.allowance(w)));
                 }
             }
         }
     }
-    c.worst = worst.map(|(i, got, want, allowance)| Worst {
-        index: i as u64,
-        coords: locate(i),
-        got,
-        want,
-        allowance,
-    });
-    c
+    p
 }
 
 /// A value of the buffer as its dtype writes it shortest (`0.0017`, not the `f64` widening
@@ -609,6 +702,40 @@ mod tests {
         assert_eq!(b.coords, vec![("rows".into(), 1), ("cols".into(), 3)]);
         assert_eq!(b.neighbourhood.len(), 5);
         assert!(c.describe().contains("2 of 12 elements fail (1 NaN/Inf); first at index 7 (rows=1, cols=3): got 99, want 7"), "{}", c.describe());
+    }
+
+    #[test]
+    fn a_large_output_compared_on_many_threads_reads_as_the_serial_scan() {
+        // 4096 rows of 1024 (4M elements, above PARALLEL_FROM): rows are split between
+        // threads; the earliest failure, the first largest ratio and the counts must be
+        // those of one scan in order, whichever thread saw them.
+        let (rows, cols) = (4096usize, 1024usize);
+        // Every row alike, so that two elements of one column have the same allowance.
+        let want: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i % cols % 97) as f32) * 0.5 - 20.0)
+            .collect();
+        let mut got = want.clone();
+        for (i, off) in [(3_000_000, 5.0f32), (300_123, 3.0), (3_900_096, 5.0), (10, f32::NAN)] {
+            got[i] += off;
+        }
+        let dims = vec![("rows".to_string(), rows as u64), ("cols".to_string(), cols as u64)];
+        let c = compare("y", DType::F32, TOL, &f32s(&got), &f32s(&want), Some(&dims));
+        assert_eq!(c.elements, (rows * cols) as u64);
+        assert_eq!((c.failing, c.non_finite), (4, 1));
+        assert_eq!(c.first_bad.as_ref().unwrap().index, 10);
+        let worst = c.worst.as_ref().unwrap();
+        // Two elements share the largest error; the earlier one is the worst.
+        assert_eq!(worst.index, 3_000_000);
+        assert!(c.max_abs_error.is_infinite());
+        let one_row = compare(
+            "y",
+            DType::F32,
+            TOL,
+            &f32s(&got[3_000_000 - 3_000_000 % cols..][..cols]),
+            &f32s(&want[3_000_000 - 3_000_000 % cols..][..cols]),
+            Some(&[("rows".to_string(), 1u64), ("cols".to_string(), cols as u64)]),
+        );
+        assert_eq!(c.max_error_ratio, one_row.max_error_ratio);
     }
 
     #[test]
