@@ -98,13 +98,6 @@ pub fn time_limit() -> Duration {
     Duration::from_secs(secs.max(1))
 }
 
-/// Runs `tool` (`memcheck` or `racecheck`) over a one-shot worker evaluating `job`
-/// (numerics only, smallest shape), for at most [`time_limit`]. `scratch` holds the job
-/// file and the tool's log.
-pub fn run(worker: &WorkerCommand, job: &EvalJob, tool: &str, scratch: &Path) -> SanitizerResult {
-    run_with_limit(worker, job, tool, scratch, time_limit())
-}
-
 const NOT_FOUND: &str =
     "compute-sanitizer was not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)";
 
@@ -239,23 +232,8 @@ pub fn apply(verdict: &mut crate::verdict::Verdict, run: SanitizerRun) {
     verdict.sanitizer = Some(run);
 }
 
-pub fn run_with_limit(
-    worker: &WorkerCommand,
-    job: &EvalJob,
-    tool: &str,
-    scratch: &Path,
-    limit: Duration,
-) -> SanitizerResult {
-    let Some(bin) = find_tool() else {
-        return SanitizerResult::Skipped {
-            tool: tool.into(),
-            reason: NOT_FOUND.into(),
-        };
-    };
-    run_tool(&bin, worker, job, tool, scratch, limit)
-}
-
-/// [`run_with_limit`] with the tool's binary given.
+/// One tool over a one-shot worker evaluating `job` (numerics only, its smallest shape),
+/// for at most `limit`; `scratch` holds the job file and the tool's log.
 pub fn run_tool(
     bin: &Path,
     worker: &WorkerCommand,
