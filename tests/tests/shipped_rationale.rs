@@ -1,8 +1,8 @@
 //! The shipped variant's rationale is not typed by hand: it is built by
 //! `kopt_store::evidence::build` from the evidence recorded on the H200
-//! (`docs/runs/2026-11-29-h200-softmax-online-vec4.evidence.json`, with the raw log next
-//! to it). `KOPT_REGENERATE=1 cargo test -p kopt-tests --test shipped_rationale` rewrites
-//! rationale.json and RATIONALE.md from it.
+//! (`docs/runs/2026-11-29-h200-softmax-online-vec4/evidence.json`, with the raw log in
+//! the archive beside it). `KOPT_REGENERATE=1 cargo test -p kopt-tests --test
+//! shipped_rationale` rewrites rationale.json and RATIONALE.md from it.
 
 use kopt_spec::files::{self, LockFile};
 use kopt_store::evidence::{self, Evidence};
@@ -13,7 +13,7 @@ fn the_shipped_rationale_is_built_from_its_recorded_evidence() {
     let root = repo_root();
     let evidence = Evidence::parse(
         &std::fs::read_to_string(
-            root.join("docs/runs/2026-11-29-h200-softmax-online-vec4.evidence.json"),
+            root.join("docs/runs/2026-11-29-h200-softmax-online-vec4/evidence.json"),
         )
         .unwrap(),
     )

@@ -274,7 +274,7 @@ pub fn pin(k: &Kernel, variant: &str, arch: &str, region: Option<&str>) -> Resul
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(EditError::Invalid(format!(
-                "{relv} has no {json}: every accepted variant needs its audit record (what it changes, why, how it was checked, where it was measured; `cargo kopt check` requires it, and RATIONALE.md is rendered from it). Write {relv}/{json}, starting from this (replace every <...>; the fields are described under \"committed formats\" in kopt's ARCHITECTURE.md), then pin again:\n{}",
+                "{relv} has no {json}: every accepted variant needs its audit record (what it changes, why, how it was checked, where it was measured; `cargo kopt check` requires it, and RATIONALE.md is rendered from it). Write {relv}/{json}, starting from this (replace every <...>; the fields are described in kopt's book, docs/book/src/reference/file-formats.md), then pin again:\n{}",
                 Rationale::skeleton(&k.spec.name, variant, arch).to_json(),
                 json = files::RATIONALE_JSON,
             )))

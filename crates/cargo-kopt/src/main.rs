@@ -875,9 +875,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 run_limits: parse_run_budget(run_budget.as_deref())?,
             };
             let bar = progress_bar(json);
-            let r = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| {
-                bar.say(m)
-            })?;
+            let r = cargo_kopt::optimize::optimize(&gathered, &opts, &mut |m| bar.say(m))?;
             bar.finish_and_clear();
             if json {
                 print_json(&r);
@@ -1100,9 +1098,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 no_cache,
             };
             let bar = progress_bar(json);
-            let outcome = cargo_kopt::profile::profile(&gathered, &options, &mut |m| {
-                bar.say(m)
-            });
+            let outcome = cargo_kopt::profile::profile(&gathered, &options, &mut |m| bar.say(m));
             bar.finish_and_clear();
             let outcome = outcome?;
             if json {

@@ -715,10 +715,18 @@ mod tests {
             .map(|i| ((i % cols % 97) as f32) * 0.5 - 20.0)
             .collect();
         let mut got = want.clone();
-        for (i, off) in [(3_000_000, 5.0f32), (300_123, 3.0), (3_900_096, 5.0), (10, f32::NAN)] {
+        for (i, off) in [
+            (3_000_000, 5.0f32),
+            (300_123, 3.0),
+            (3_900_096, 5.0),
+            (10, f32::NAN),
+        ] {
             got[i] += off;
         }
-        let dims = vec![("rows".to_string(), rows as u64), ("cols".to_string(), cols as u64)];
+        let dims = vec![
+            ("rows".to_string(), rows as u64),
+            ("cols".to_string(), cols as u64),
+        ];
         let c = compare("y", DType::F32, TOL, &f32s(&got), &f32s(&want), Some(&dims));
         assert_eq!(c.elements, (rows * cols) as u64);
         assert_eq!((c.failing, c.non_finite), (4, 1));
@@ -733,7 +741,10 @@ mod tests {
             TOL,
             &f32s(&got[3_000_000 - 3_000_000 % cols..][..cols]),
             &f32s(&want[3_000_000 - 3_000_000 % cols..][..cols]),
-            Some(&[("rows".to_string(), 1u64), ("cols".to_string(), cols as u64)]),
+            Some(&[
+                ("rows".to_string(), 1u64),
+                ("cols".to_string(), cols as u64),
+            ]),
         );
         assert_eq!(c.max_error_ratio, one_row.max_error_ratio);
     }

@@ -53,8 +53,8 @@ pub type Measurements = BTreeMap<String, Measure>;
 
 /// The launch floor: the shortest per-launch time kopt measured on the H200 (reduce_sum,
 /// n = 1000, a kernel with next to no work: 1.24 µs per launch in CUDA-graph replay,
-/// `docs/runs/2026-11-29-h200-evaluation/bench.txt`). A kernel's share of time that is
-/// launch cost is estimated as this over its time.
+/// the bench in `docs/runs/2026-11-29-h200-evaluation/README.md`). A kernel's share of
+/// time that is launch cost is estimated as this over its time.
 pub const LAUNCH_FLOOR_US: f64 = 1.24;
 
 /// Every key, its unit and meaning.

@@ -268,8 +268,9 @@ fn the_charts_render_in_headless_chromium() {
 #[test]
 fn the_memory_bound_summary_of_an_h200_bench() {
     // One round of the suite on the H200: the GEMM's share is the matrix peak's, so the
-    // other 23 shapes are the memory-bound ones (as docs/runs/2026-11-29-h200-dsmem-merge/
-    // TABLE.md counts them over four rounds: 36.4%, 93.0% and 83.6% in medians).
+    // other 23 shapes are the memory-bound ones (as the TABLE.md section of
+    // docs/runs/2026-11-29-h200-dsmem-merge/README.md counts them over four rounds: 36.4%,
+    // 93.0% and 83.6% in medians).
     let b = input::read_bench(
         &repo().join("docs/runs/2026-11-29-h200-dsmem-merge/rounds/bench-3.json"),
     )
