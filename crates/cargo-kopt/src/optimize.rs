@@ -69,7 +69,7 @@ impl Evaluate for LoopEvaluator<'_> {
             self.last_job = Some(job);
             return verdict;
         }
-        if let Err(verdict) = self.precompile(candidate) {
+        if let Some(verdict) = self.refused(candidate) {
             self.last_job = Some(job);
             return verdict;
         }
@@ -120,20 +120,18 @@ impl<'a> LoopEvaluator<'a> {
 
     /// The compile fence on the CPU ([`kopt_engine::precompile`]): a version that does not
     /// compile for the device's architecture, or whose module lacks its entry, gets its
-    /// verdict here, and no worker sees it.
-    fn precompile(&self, version: &KernelVersion) -> Result<(), Verdict> {
-        let Some((arch, fake)) = &self.target else {
-            return Ok(());
-        };
+    /// verdict here (`Some`), and no worker sees it.
+    fn refused(&self, version: &KernelVersion) -> Option<Verdict> {
+        let (arch, fake) = self.target.as_ref()?;
         kopt_engine::precompile::precompile(&self.k.spec.name, version, arch, *fake)
-            .map(|_| ())
-            .map_err(|why| kopt_engine::precompile::rejected(&why))
+            .err()
+            .map(|why| kopt_engine::precompile::rejected(&why))
     }
 
     /// Verifies `version` against the reference with figures measured now, never from
     /// the cache: a starting point candidates are compared with, or its second timing.
     pub fn evaluate_now(&mut self, version: &KernelVersion) -> Verdict {
-        if let Err(verdict) = self.precompile(version) {
+        if let Some(verdict) = self.refused(version) {
             return verdict;
         }
         let job = eval::job(self.g, self.k, version.clone(), None, &self.settings, true);

@@ -422,61 +422,6 @@ pub fn optimize(r: &crate::optimize::RunResult) {
     );
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn times_of_milliseconds_read_in_milliseconds() {
-        assert_eq!(time_cell(34.456), "34.46");
-        assert_eq!(time_cell(412_345.0), "412.3 ms");
-        assert_eq!(time_cell(2_500_000.0), "2.50 s");
-        assert_eq!(pct_cell(0.008), "<0.1%");
-        assert_eq!(pct_cell(0.05), "0.1%");
-        assert_eq!(pct_cell(0.0), "0.0%");
-        assert_eq!(pct_cell(87.26), "87.3%");
-    }
-
-    #[test]
-    fn the_bench_names_each_timing_method_with_its_rows() {
-        let row = |shape: &str, method: &str| kopt_report::BenchRow {
-            package: "p".into(),
-            kernel: "softmax".into(),
-            shape: shape.into(),
-            active: "reference".into(),
-            reference_us: Some(1.0),
-            active_us: Some(1.0),
-            speedup: Some(1.0),
-            copy_bandwidth_pct: None,
-            reference_copy_bandwidth_pct: None,
-            flops_pct: None,
-            spread: None,
-            method: Some(method.into()),
-            cached: false,
-            problem: None,
-            bytes: None,
-            same_size_copy_us: None,
-            same_size_copy_pct: None,
-        };
-        let graph = "graph of 32 launches over 1 input set(s), L2 cold";
-        let alone = "each launch timed alone between events over 1 input set(s), L2 cold";
-        let one = bench_methods(&[row("a", graph), row("b", graph)]);
-        assert!(
-            one.starts_with(&format!("timing: median per launch ({graph});")),
-            "{one}"
-        );
-        let two = bench_methods(&[row("a", graph), row("big", alone), row("b", graph)]);
-        assert!(
-            two.contains(&format!("  {graph}: softmax [a], softmax [b]\n")),
-            "{two}"
-        );
-        assert!(
-            two.contains(&format!("  {alone}: softmax [big]\n")),
-            "{two}"
-        );
-    }
-}
-
 /// `check`'s compile fence for people: the compiler, one row per version and architecture
 /// (ptxas' figures of the entry, warnings, how the compile compares with the variant's
 /// evidence), then the notes; or the one line that says why nothing was compiled.
@@ -582,4 +527,59 @@ pub fn compile_check(c: &crate::compile_check::CompileCheck) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_of_milliseconds_read_in_milliseconds() {
+        assert_eq!(time_cell(34.456), "34.46");
+        assert_eq!(time_cell(412_345.0), "412.3 ms");
+        assert_eq!(time_cell(2_500_000.0), "2.50 s");
+        assert_eq!(pct_cell(0.008), "<0.1%");
+        assert_eq!(pct_cell(0.05), "0.1%");
+        assert_eq!(pct_cell(0.0), "0.0%");
+        assert_eq!(pct_cell(87.26), "87.3%");
+    }
+
+    #[test]
+    fn the_bench_names_each_timing_method_with_its_rows() {
+        let row = |shape: &str, method: &str| kopt_report::BenchRow {
+            package: "p".into(),
+            kernel: "softmax".into(),
+            shape: shape.into(),
+            active: "reference".into(),
+            reference_us: Some(1.0),
+            active_us: Some(1.0),
+            speedup: Some(1.0),
+            copy_bandwidth_pct: None,
+            reference_copy_bandwidth_pct: None,
+            flops_pct: None,
+            spread: None,
+            method: Some(method.into()),
+            cached: false,
+            problem: None,
+            bytes: None,
+            same_size_copy_us: None,
+            same_size_copy_pct: None,
+        };
+        let graph = "graph of 32 launches over 1 input set(s), L2 cold";
+        let alone = "each launch timed alone between events over 1 input set(s), L2 cold";
+        let one = bench_methods(&[row("a", graph), row("b", graph)]);
+        assert!(
+            one.starts_with(&format!("timing: median per launch ({graph});")),
+            "{one}"
+        );
+        let two = bench_methods(&[row("a", graph), row("big", alone), row("b", graph)]);
+        assert!(
+            two.contains(&format!("  {graph}: softmax [a], softmax [b]\n")),
+            "{two}"
+        );
+        assert!(
+            two.contains(&format!("  {alone}: softmax [big]\n")),
+            "{two}"
+        );
+    }
 }

@@ -315,7 +315,6 @@ fn rationale_without_optional_parts() {
     insta::assert_snapshot!("rationale_search_md", section);
 
     // The compile figures `check` compares with: after the figures, one sentence.
-    let mut r = r;
     r.compile = Some(CompileFigures {
         nvrtc: "13.0".into(),
         cuda_headers: Some("13.0".into()),
