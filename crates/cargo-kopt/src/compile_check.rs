@@ -1,14 +1,25 @@
 //! The compile fence of `cargo kopt check`: every reference and every accepted variant
-//! compiled with NVRTC for its architecture, on the CPU (NVRTC needs no GPU).
+//! compiled with NVRTC for its architecture, on the CPU (NVRTC needs no GPU), through the
+//! function that also compiles every candidate before a GPU worker sees it
+//! ([`kopt_engine::precompile::precompile`]).
 //!
 //! NVRTC is the authority on what a source defines: an entry made by a macro or a
 //! template, which the lexical scan of the build could only note, is confirmed here by
 //! ptxas' list of the module's entry functions. The figures ptxas prints (registers,
 //! spills, stack, static shared memory) are compared with what a variant's evidence
-//! recorded.
+//! recorded ([`kopt_engine::precompile::compare`] says which difference fails the check
+//! and which is a note).
+//!
+//! Problems (exit 1): a version that does not compile, a module without the entry, a
+//! variant that now spills where its evidence recorded no spill, and NVRTC missing under
+//! `KOPT_REQUIRE_NVRTC=1`. Notes: NVRTC missing otherwise (one line, nothing compiled),
+//! another compiler or other figures than the evidence's, warnings, a reference that
+//! spills (a reference has no evidence to compare with).
 
 use kopt::CompiledEntry;
-use kopt_spec::files;
+use kopt_engine::job::KernelVersion;
+use kopt_engine::precompile::{self, Match, Refused};
+use kopt_spec::files::{self, CompileFigures};
 use kopt_spec::store::Problem;
 use serde::Serialize;
 
@@ -32,24 +43,73 @@ pub struct CompiledVersion {
     /// Registers the variant's evidence recorded (its rationale's figures), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_registers: Option<u32>,
-    /// NVRTC's warnings (the log without ptxas' info lines).
+    /// The compile figures the variant's evidence recorded, if it recorded them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<CompileFigures>,
+    /// How this compile compares with the evidence (variants that compiled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Match>,
+    /// NVRTC's and ptxas' warnings (the log without ptxas' info lines).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub warnings: String,
+    /// How many warnings `warnings` holds.
+    pub warning_count: usize,
+    /// Why it failed, where it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
+/// A version the fence refused.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    pub kind: FailureKind,
+    /// NVRTC's log, or the entries the module holds instead.
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureKind {
+    /// NVRTC reported errors.
+    Compile,
+    /// It compiled, but the module has no kernel of the entry's name.
+    NoEntry,
+    /// NVRTC could not be loaded.
+    NoNvrtc,
+}
+
+impl FailureKind {
+    /// For a table cell.
+    pub fn text(self) -> &'static str {
+        match self {
+            FailureKind::Compile => "failed",
+            FailureKind::NoEntry => "no entry",
+            FailureKind::NoNvrtc => "no NVRTC",
+        }
+    }
 }
 
 /// The fence's outcome.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum CompileCheck {
-    /// NVRTC could not be loaded: nothing was compiled (one line says why).
-    Skipped { reason: String },
+    /// NVRTC could not be loaded: nothing was compiled (one line says why). A problem
+    /// only under `KOPT_REQUIRE_NVRTC`.
+    Skipped {
+        reason: String,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        problems: Vec<Problem>,
+    },
     Ran {
         nvrtc: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cuda_headers: Option<String>,
         include_dirs: Vec<String>,
         versions: Vec<CompiledVersion>,
-        /// Failures: a compile error, an entry the module lacks, a variant that spills.
+        /// Failures: a compile error, an entry the module lacks, a variant that spills
+        /// where its evidence recorded none.
         problems: Vec<Problem>,
-        /// What changed without failing: registers other than recorded.
+        /// What changed without failing: the compiler, the figures, warnings.
         notes: Vec<String>,
     },
 }
@@ -57,18 +117,31 @@ pub enum CompileCheck {
 impl CompileCheck {
     pub fn problems(&self) -> &[Problem] {
         match self {
-            CompileCheck::Skipped { .. } => &[],
-            CompileCheck::Ran { problems, .. } => problems,
+            CompileCheck::Skipped { problems, .. } | CompileCheck::Ran { problems, .. } => problems,
         }
     }
 }
+
+/// The one line `check` prints when NVRTC cannot be loaded.
+pub const NO_NVRTC: &str = "NVRTC (libnvrtc.so) could not be loaded, so no kernel was compiled: install the CUDA toolkit's NVRTC or the NVIDIA wheels (scripts/cuda-wheels.sh) and put its lib folder on LD_LIBRARY_PATH";
 
 /// Compiles every gathered kernel's reference (for each architecture its lock names, or
 /// [`DEFAULT_ARCH`]) and every usable accepted variant (for its architecture).
 pub fn compile_check(g: &Gathered) -> CompileCheck {
     let Some((major, minor)) = kopt::nvrtc_version() else {
+        let problems = if kopt::gpu::nvrtc_required() {
+            vec![Problem {
+                kernel: String::new(),
+                path: "KOPT_REQUIRE_NVRTC".into(),
+                problem: format!("KOPT_REQUIRE_NVRTC is set, but {NO_NVRTC}"),
+                fix: "source target/cuda-wheels/cu13/env.sh (scripts/cuda-wheels.sh writes it), or unset KOPT_REQUIRE_NVRTC to let check pass without compiling".into(),
+            }]
+        } else {
+            Vec::new()
+        };
         return CompileCheck::Skipped {
-            reason: "NVRTC (libnvrtc.so) could not be loaded, so no kernel was compiled: install the CUDA toolkit's NVRTC or the NVIDIA wheels (scripts/cuda-wheels.sh) and put its lib folder on LD_LIBRARY_PATH".into(),
+            reason: NO_NVRTC.into(),
+            problems,
         };
     };
     let mut versions = Vec::new();
@@ -86,14 +159,11 @@ pub fn compile_check(g: &Gathered) -> CompileCheck {
         if archs.is_empty() {
             archs.push(DEFAULT_ARCH.into());
         }
+        let reference = KernelVersion::reference(&k.spec, &k.reference.text);
         for arch in &archs {
-            let options = k.spec.reference_options();
             versions.push(compile_one(
                 k,
-                "reference",
-                &k.reference.text,
-                &k.spec.entry,
-                &options,
+                &reference,
                 arch,
                 None,
                 &mut problems,
@@ -102,18 +172,13 @@ pub fn compile_check(g: &Gathered) -> CompileCheck {
         }
         for e in &k.state.entries {
             let Ok(u) = &e.status else { continue };
-            let mut options: Vec<String> =
-                kopt_spec::spec::define_options(&u.variant.defines).collect();
-            options.extend(u.variant.options.iter().cloned());
-            let recorded = recorded_registers(k, &e.entry.variant);
+            let variant = KernelVersion::variant(&u.variant, &u.source);
+            let evidence = recorded(k, &e.entry.variant);
             versions.push(compile_one(
                 k,
-                &e.entry.variant,
-                &u.source,
-                &u.variant.entry,
-                &options,
+                &variant,
                 &e.entry.arch,
-                recorded,
+                Some(evidence),
                 &mut problems,
                 &mut notes,
             ));
@@ -121,6 +186,7 @@ pub fn compile_check(g: &Gathered) -> CompileCheck {
     }
     CompileCheck::Ran {
         nvrtc: format!("{major}.{minor}"),
+        cuda_headers: kopt::cuda_headers_version(),
         include_dirs: kopt::cuda_include_dirs(),
         versions,
         problems,
@@ -128,19 +194,24 @@ pub fn compile_check(g: &Gathered) -> CompileCheck {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a variant's rationale recorded of its compile.
+#[derive(Debug, Clone, Default)]
+struct Recorded {
+    figures: Option<CompileFigures>,
+    registers: Option<u32>,
+}
+
+/// `evidence`: `None` for the reference, which has none.
 fn compile_one(
     k: &Kernel,
-    version: &str,
-    source: &str,
-    entry: &str,
-    options: &[String],
+    v: &KernelVersion,
     arch: &str,
-    recorded_registers: Option<u32>,
+    evidence: Option<Recorded>,
     problems: &mut Vec<Problem>,
     notes: &mut Vec<String>,
 ) -> CompiledVersion {
-    let path = if version == "reference" {
+    let version = v.id.as_str();
+    let path = if evidence.is_none() {
         format!("{}/{}", k.package, k.spec.reference)
     } else {
         format!(
@@ -150,80 +221,104 @@ fn compile_one(
             files::SOURCE_FILE
         )
     };
-    let mut opts: Vec<&str> = options.iter().map(String::as_str).collect();
-    opts.push("--ptxas-options=-v");
+    let who = format!("{}::{} `{version}` for {arch}", k.package, k.spec.name);
+    let recorded = evidence.clone().unwrap_or_default();
     let mut out = CompiledVersion {
         package: k.package.clone(),
         kernel: k.spec.name.clone(),
         version: version.to_string(),
         arch: arch.to_string(),
-        entry: entry.to_string(),
+        entry: v.entry.clone(),
         resources: None,
-        recorded_registers,
+        recorded_registers: recorded.registers,
+        recorded: recorded.figures.clone(),
+        evidence: None,
         warnings: String::new(),
+        warning_count: 0,
+        failure: None,
     };
-    let native = match kopt::compile_native(&k.spec.name, version, source, &opts, arch, Some(entry))
-    {
-        Ok(n) => n,
-        Err(e) => {
-            let log = match e {
-                kopt::Error::Compile { log, .. } => log,
-                other => other.to_string(),
-            };
-            problems.push(Problem {
-                kernel: k.spec.name.clone(),
-                path,
-                problem: format!("`{version}` does not compile for {arch}:\n{log}"),
-                fix: "fix the source (NVRTC's messages name the file and line)".into(),
+    let problem = |problem: String, fix: &str| Problem {
+        kernel: k.spec.name.clone(),
+        path: path.clone(),
+        problem,
+        fix: fix.to_string(),
+    };
+    let compiled = match precompile::precompile(&k.spec.name, v, arch, false) {
+        Ok(c) => c,
+        Err(why) => {
+            problems.push(match &why {
+                Refused::Compile(log) => problem(
+                    format!("`{version}` does not compile for {arch}:\n{log}"),
+                    "fix the source (NVRTC's messages name the file and line)",
+                ),
+                Refused::NoEntry(detail) => problem(
+                    format!(
+                        "the module NVRTC compiled from `{version}` for {arch} has no kernel `{}`: {detail}",
+                        v.entry
+                    ),
+                    "set `entry` to a `__global__` function the source defines (or a macro of it generates)",
+                ),
+                Refused::NoNvrtc(m) => problem(m.clone(), "install NVRTC (scripts/cuda-wheels.sh)"),
+            });
+            out.failure = Some(Failure {
+                kind: match why {
+                    Refused::Compile(_) => FailureKind::Compile,
+                    Refused::NoEntry(_) => FailureKind::NoEntry,
+                    Refused::NoNvrtc(_) => FailureKind::NoNvrtc,
+                },
+                message: why.message().to_string(),
             });
             return out;
         }
     };
-    out.warnings = native
-        .log
-        .lines()
-        .filter(|l| !l.starts_with("ptxas"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let symbol = native.entry.clone().unwrap_or_else(|| entry.to_string());
-    let entries = kopt::ptxas_entries(&native.log);
-    match entries.into_iter().find(|e| e.name == symbol) {
-        None => problems.push(Problem {
-            kernel: k.spec.name.clone(),
-            path,
-            problem: format!(
-                "the module NVRTC compiled from `{version}` for {arch} has no kernel `{entry}`"
-            ),
-            fix: "set `entry` to a `__global__` function the source defines (or a macro of it generates)".into(),
-        }),
-        Some(r) => {
-            if r.spill_stores > 0 || r.spill_loads > 0 {
-                problems.push(Problem {
-                    kernel: k.spec.name.clone(),
-                    path: path.clone(),
-                    problem: format!(
-                        "`{version}` spills for {arch}: {} bytes stored, {} loaded ({} registers)",
-                        r.spill_stores, r.spill_loads, r.registers
-                    ),
-                    fix: "the compile has changed since verification: re-run `cargo kopt verify`, or lower the register pressure".into(),
-                });
-            }
-            if let Some(rec) = recorded_registers.filter(|rec| *rec != r.registers) {
+    out.warning_count = kopt::warning_count(&compiled.warnings);
+    if out.warning_count > 0 {
+        notes.push(format!(
+            "{who}: {} warning(s):\n{}",
+            out.warning_count, compiled.warnings
+        ));
+    }
+    out.warnings = compiled.warnings;
+    out.resources = compiled.resources;
+    let Some(now) = compiled.figures else {
+        return out;
+    };
+    match evidence {
+        None => {
+            if now.spills() {
                 notes.push(format!(
-                    "{}::{} `{version}` for {arch}: {} registers with this NVRTC; its evidence recorded {rec}",
-                    k.package, k.spec.name, r.registers
+                    "{who}: spills ({} bytes of spill stores, {} of spill loads, {} registers); not a failure, since a reference has no evidence to compare with",
+                    now.spill_stores, now.spill_loads, now.registers
                 ));
             }
-            out.resources = Some(r);
+        }
+        Some(r) => {
+            let c = precompile::compare(&now, r.figures.as_ref(), r.registers);
+            out.evidence = Some(c.matched);
+            for p in c.problems {
+                problems.push(problem(
+                    format!("`{version}` {p}"),
+                    "its compile has changed since it was verified (another NVRTC or CUDA headers): verify it again (`cargo kopt verify`) and accept a new variant, or lower its register pressure (`__launch_bounds__`, fewer live values)",
+                ));
+            }
+            notes.extend(c.notes.into_iter().map(|n| format!("{who}: {n}")));
         }
     }
     out
 }
 
-/// The registers a variant's rationale recorded (its first figure that has them).
-fn recorded_registers(k: &Kernel, variant: &str) -> Option<u32> {
+/// What a variant's rationale recorded: its compile figures, and the registers of its
+/// first measured figure that has them.
+fn recorded(k: &Kernel, variant: &str) -> Recorded {
     let path = k.state.dir.join(variant).join(files::RATIONALE_JSON);
-    let text = std::fs::read_to_string(path).ok()?;
-    let r: files::Rationale = serde_json::from_str(&text).ok()?;
-    r.figures.iter().find_map(|f| f.registers)
+    let Some(r) = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| files::Rationale::parse(&text).ok())
+    else {
+        return Recorded::default();
+    };
+    Recorded {
+        registers: r.figures.iter().find_map(|f| f.registers),
+        figures: r.compile,
+    }
 }

@@ -1353,7 +1353,6 @@ fn print_list(g: &Gathered, listed: &[commands::ListedKernel]) {
 /// The compile fence's table (one row per version and architecture) and its notes, or
 /// the one line that says why nothing was compiled.
 fn print_compile_check(g: &Gathered, c: &cargo_kopt::compile_check::CompileCheck) {
-    use cargo_kopt::compile_check::CompileCheck;
     let mut out = anstream::stdout();
     for k in &g.kernels {
         for n in &k.notes {
@@ -1367,71 +1366,7 @@ fn print_compile_check(g: &Gathered, c: &cargo_kopt::compile_check::CompileCheck
             );
         }
     }
-    match c {
-        CompileCheck::Skipped { reason } => {
-            let _ = writeln!(
-                out,
-                "{}compile fence skipped{:#}: {reason}",
-                yellow(),
-                yellow()
-            );
-        }
-        CompileCheck::Ran {
-            nvrtc,
-            include_dirs,
-            versions,
-            notes,
-            ..
-        } => {
-            let _ = writeln!(
-                out,
-                "compiled with NVRTC {nvrtc}; CUDA headers from {}",
-                if include_dirs.is_empty() {
-                    "nowhere (no toolkit found: set CUDA_HOME)".to_string()
-                } else {
-                    include_dirs.join(", ")
-                }
-            );
-            let mut t = cargo_kopt::table::Table::new(&[
-                "kernel",
-                "version",
-                "arch",
-                "entry",
-                "registers",
-                "spills (B)",
-                "stack (B)",
-                "smem (B)",
-            ]);
-            for v in versions {
-                let r = v.resources.as_ref();
-                let cell = |f: &dyn Fn(&kopt::CompiledEntry) -> u32| {
-                    r.map(|r| f(r).to_string()).unwrap_or_else(|| "-".into())
-                };
-                let plain = Style::new();
-                let spills = r.map_or(0, |r| r.spill_stores + r.spill_loads);
-                t.row(vec![
-                    (v.kernel.clone(), plain),
-                    (v.version.clone(), plain),
-                    (v.arch.clone(), plain),
-                    (v.entry.clone(), plain),
-                    (
-                        cell(&|r| r.registers),
-                        if r.is_none() { red() } else { plain },
-                    ),
-                    (
-                        cell(&|r| r.spill_stores + r.spill_loads),
-                        if spills > 0 { red() } else { plain },
-                    ),
-                    (cell(&|r| r.stack_bytes), plain),
-                    (cell(&|r| r.shared_bytes), plain),
-                ]);
-            }
-            let _ = write!(out, "{}", t.render());
-            for n in notes {
-                let _ = writeln!(out, "{}note{:#}: {n}", yellow(), yellow());
-            }
-        }
-    }
+    let _ = write!(out, "{}", cargo_kopt::render::compile_check(c));
 }
 
 /// The variant folders `check` cannot vouch for, which do not fail it.

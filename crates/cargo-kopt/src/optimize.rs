@@ -45,6 +45,10 @@ pub struct LoopEvaluator<'a> {
     /// A resumed run's recorded verdicts: a candidate given the same job on the same
     /// device against the same best is answered from its record, not the GPU.
     pub recorded: RecordedVerdicts,
+    /// What candidates are compiled for on the CPU before the worker sees them: the
+    /// device's architecture, and whether it is the fake device (`None`: the device
+    /// could not be asked, and the engine reports that failure itself).
+    pub target: Option<(String, bool)>,
 }
 
 impl Evaluate for LoopEvaluator<'_> {
@@ -62,6 +66,10 @@ impl Evaluate for LoopEvaluator<'_> {
             true,
         );
         if let Some(verdict) = self.recorded.answer(&job, best_us) {
+            self.last_job = Some(job);
+            return verdict;
+        }
+        if let Some(verdict) = self.refused(candidate) {
             self.last_job = Some(job);
             return verdict;
         }
@@ -96,6 +104,8 @@ impl<'a> LoopEvaluator<'a> {
     pub fn new(g: &'a Gathered, k: &'a Kernel, engine: &'a mut Engine, settings: Settings) -> Self {
         let mut judge = Judge::new(engine.ceilings(false).ok());
         judge.threshold = settings.threshold;
+        let fake = engine.worker.command().is_fake();
+        let target = engine.device().ok().map(|d| (d.arch, fake));
         LoopEvaluator {
             g,
             k,
@@ -104,12 +114,26 @@ impl<'a> LoopEvaluator<'a> {
             settings,
             last_job: None,
             recorded: RecordedVerdicts::default(),
+            target,
         }
+    }
+
+    /// The compile fence on the CPU ([`kopt_engine::precompile`]): a version that does not
+    /// compile for the device's architecture, or whose module lacks its entry, gets its
+    /// verdict here (`Some`), and no worker sees it.
+    fn refused(&self, version: &KernelVersion) -> Option<Verdict> {
+        let (arch, fake) = self.target.as_ref()?;
+        kopt_engine::precompile::precompile(&self.k.spec.name, version, arch, *fake)
+            .err()
+            .map(|why| kopt_engine::precompile::rejected(&why))
     }
 
     /// Verifies `version` against the reference with figures measured now, never from
     /// the cache: a starting point candidates are compared with, or its second timing.
     pub fn evaluate_now(&mut self, version: &KernelVersion) -> Verdict {
+        if let Some(verdict) = self.refused(version) {
+            return verdict;
+        }
         let job = eval::job(self.g, self.k, version.clone(), None, &self.settings, true);
         let ev = self.engine.evaluate_now(&job, &mut |_| {});
         self.judge.judge(&ev.report)
@@ -1728,6 +1752,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
         },
         measurements,
         search,
+        compile: kopt_engine::precompile::record(&k.spec.name, version, arch),
         device: evidence::Device {
             name: device_name.to_string(),
             driver: format!("CUDA {}.{}", driver_api / 1000, (driver_api % 1000) / 10),

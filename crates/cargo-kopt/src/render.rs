@@ -422,6 +422,113 @@ pub fn optimize(r: &crate::optimize::RunResult) {
     );
 }
 
+/// `check`'s compile fence for people: the compiler, one row per version and architecture
+/// (ptxas' figures of the entry, warnings, how the compile compares with the variant's
+/// evidence), then the notes; or the one line that says why nothing was compiled.
+/// Problems are `check`'s own list, printed after it.
+pub fn compile_check(c: &crate::compile_check::CompileCheck) -> String {
+    use crate::compile_check::CompileCheck;
+    use crate::style::{red, yellow};
+    let mut out = String::new();
+    match c {
+        CompileCheck::Skipped { reason, .. } => {
+            out.push_str(&format!(
+                "{}compile fence skipped{:#}: {reason}\n",
+                yellow(),
+                yellow()
+            ));
+        }
+        CompileCheck::Ran {
+            nvrtc,
+            cuda_headers,
+            include_dirs,
+            versions,
+            notes,
+            ..
+        } => {
+            out.push_str(&format!(
+                "compiled with NVRTC {nvrtc}{}; CUDA headers from {}\n",
+                cuda_headers
+                    .as_ref()
+                    .map(|h| format!(" (CUDA headers {h})"))
+                    .unwrap_or_default(),
+                if include_dirs.is_empty() {
+                    "nowhere (no toolkit found: set CUDA_HOME)".to_string()
+                } else {
+                    include_dirs.join(", ")
+                }
+            ));
+            let mut t = Table::new(&[
+                "kernel",
+                "version",
+                "arch",
+                "entry",
+                "registers",
+                "spills (B)",
+                "stack (B)",
+                "smem (B)",
+                "warnings",
+                "vs evidence",
+            ]);
+            let plain = Style::new();
+            for v in versions {
+                let dash = || ("-".to_string(), plain);
+                let mut row = vec![
+                    (v.kernel.clone(), plain),
+                    (v.version.clone(), plain),
+                    (v.arch.clone(), plain),
+                    (v.entry.clone(), plain),
+                ];
+                match &v.resources {
+                    None => {
+                        let what = v.failure.as_ref().map_or("failed", |f| f.kind.text());
+                        row.push((what.to_string(), red()));
+                        row.extend([dash(), dash(), dash(), dash(), dash()]);
+                    }
+                    Some(r) => {
+                        let spills = if r.spill_stores == 0 && r.spill_loads == 0 {
+                            ("0".to_string(), plain)
+                        } else {
+                            (
+                                format!("{} st / {} ld", r.spill_stores, r.spill_loads),
+                                red(),
+                            )
+                        };
+                        row.push((r.registers.to_string(), plain));
+                        row.push(spills);
+                        row.push((r.stack_bytes.to_string(), plain));
+                        row.push((r.shared_bytes.to_string(), plain));
+                        row.push(if v.warning_count > 0 {
+                            (v.warning_count.to_string(), yellow())
+                        } else {
+                            ("0".to_string(), plain)
+                        });
+                        row.push(match v.evidence {
+                            None => dash(),
+                            Some(m) => (
+                                m.text().to_string(),
+                                match m {
+                                    kopt_engine::precompile::Match::Same
+                                    | kopt_engine::precompile::Match::RegistersSame => plain,
+                                    _ => yellow(),
+                                },
+                            ),
+                        });
+                    }
+                }
+                t.row(row);
+            }
+            out.push_str(&t.render());
+            for n in notes {
+                // A note's later lines (a compiler's warnings) indented under it.
+                let n = n.replace('\n', "\n  ");
+                out.push_str(&format!("{}note{:#}: {n}\n", yellow(), yellow()));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

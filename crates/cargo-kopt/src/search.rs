@@ -1,10 +1,11 @@
 //! `cargo kopt search` and `cargo kopt search-bench`: the search of `kopt-search` over a
 //! gathered kernel, evaluated by the engine.
 //!
-//! - Points are compiled on CPU threads ([`NvrtcCompiler`]: NVRTC through
-//!   `kopt::compile_ptx`, for the device's `compute_XY` as the generated launchers do; the
-//!   fake device's pseudo-compiler under `KOPT_WORKER=fake`), and the worker loads the PTX
-//!   instead of compiling ([`KernelVersion::ptx`]).
+//! - Points are compiled on CPU threads ([`NvrtcCompiler`]: the compile fence of
+//!   `kopt_engine::precompile`, a cubin for the device's `sm_XY` with the entry confirmed
+//!   in the module; the fake device's pseudo-compiler under `KOPT_WORKER=fake`), and the
+//!   worker loads the code instead of compiling ([`KernelVersion::cubin`]); a point that
+//!   does not compile is a compile failure that no worker sees.
 //! - Each point is evaluated by one engine job on the declared shapes (checks on fresh
 //!   inputs, then timing against the reference in the same job) with a lighter timing
 //!   policy than `verify` ([`search_timing`]); the best point (and the best of each
@@ -98,6 +99,8 @@ pub fn ptx_global_load_bytes(ptx: &str) -> Option<u32> {
 
 /// Compiles points on CPU threads: NVRTC, or the fake device's compiler.
 pub struct NvrtcCompiler {
+    /// The kernel's name (NVRTC names the program after it).
+    pub kernel: String,
     /// The version points vary (the reference, or the candidate searched around).
     pub template: KernelVersion,
     /// The spec's own NVRTC options (every point carries them already).
@@ -139,28 +142,18 @@ impl NvrtcCompiler {
     }
 
     /// Compiles a version for the worker's exact architecture (a cubin, so that the
-    /// worker loads it without the driver's PTX JIT), or the fake device's pseudo-PTX.
+    /// worker loads it without the driver's PTX JIT), or the fake device's pseudo-PTX:
+    /// the compile fence on the CPU ([`kopt_engine::precompile`]), so that a point that
+    /// does not compile, or whose module lacks the entry, never reaches the worker.
     pub fn compile_version(&self, v: &KernelVersion) -> Result<CompiledCode, String> {
-        if self.fake {
-            return kopt_engine::worker::fake::fake_compile(v).map(|ptx| CompiledCode {
-                ptx: Some(ptx),
-                cubin: None,
-                symbol: None,
-            });
-        }
-        let options = v.compile_options();
-        let opts: Vec<&str> = options.iter().map(String::as_str).collect();
         let arch = kopt_spec::files::arch_name(self.cc.0 as u32, self.cc.1 as u32);
-        kopt::compile_native("search", &v.id, &v.source, &opts, &arch, Some(&v.entry))
-            .map(|n| CompiledCode {
-                ptx: n.ptx,
-                cubin: Some(n.cubin),
-                symbol: n.entry.filter(|s| *s != v.entry),
+        kopt_engine::precompile::precompile(&self.kernel, v, &arch, self.fake)
+            .map(|p| CompiledCode {
+                ptx: p.ptx,
+                cubin: p.cubin,
+                symbol: p.symbol,
             })
-            .map_err(|e| match e {
-                kopt::Error::Compile { log, .. } => log,
-                other => other.to_string(),
-            })
+            .map_err(|why| why.message().to_string())
     }
 }
 
@@ -248,6 +241,7 @@ impl<'a> EngineEvaluator<'a> {
         let fake = engine.worker.command().is_fake();
         let template = KernelVersion::reference(&k.spec, &k.reference.text);
         let compiler = Arc::new(NvrtcCompiler {
+            kernel: k.spec.name.clone(),
             template: template.clone(),
             spec_options: k.spec.options.clone(),
             cc: (
@@ -289,6 +283,7 @@ impl<'a> EngineEvaluator<'a> {
     /// timed against.
     pub fn around(mut self, base: KernelVersion) -> Self {
         self.compiler = Arc::new(NvrtcCompiler {
+            kernel: self.k.spec.name.clone(),
             template: base.clone(),
             spec_options: self.k.spec.options.clone(),
             cc: self.compiler.cc,
@@ -346,7 +341,8 @@ impl<'a> EngineEvaluator<'a> {
         progress: &mut dyn FnMut(&str),
     ) -> (Verdict, kopt_engine::job::EvalJob) {
         let mut v = self.version(p, None);
-        if let Ok(code) = self.compiler.compile_version(&v) {
+        let compiled = self.compiler.compile_version(&v);
+        if let Ok(code) = &compiled {
             code.attach(&mut v);
         }
         let settings = eval::Settings {
@@ -367,6 +363,9 @@ impl<'a> EngineEvaluator<'a> {
             1,
             held_out_byte_cap(spec),
         ));
+        if let Err(log) = compiled {
+            return (Verdict::compile_rejected(&log), job);
+        }
         let ev = self.engine.evaluate(&job, progress);
         let mut verdict = self.judge.judge(&ev.report);
         // What may become a pending winner goes through compute-sanitizer, as the loop's do.

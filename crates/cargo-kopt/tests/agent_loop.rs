@@ -61,6 +61,7 @@ impl Setup {
             settings: Settings::default(),
             last_job: None,
             recorded: Default::default(),
+            target: Some(("sm_90".into(), true)),
         }
     }
 
@@ -1602,4 +1603,103 @@ fn the_run_summary_counts_what_the_journal_holds() {
             && summary.ends_with(&format!("; {accepted} accepted, {rejected} rejected")),
         "{summary}"
     );
+}
+
+#[test]
+fn a_candidate_that_does_not_compile_is_refused_on_the_cpu_and_the_winner_records_its_compile() {
+    // Two proposals in one round: one the compiler refuses, one 30% faster. The first gets
+    // a compile verdict from the parent's compile fence, never reaching the worker; the
+    // winner's rationale records what NVRTC made of it, for `cargo kopt check` to compare
+    // with later.
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    let mut two: serde_json::Value =
+        serde_json::from_str(&proposal(&s.source("// kopt-fake: speedup 1.3"))).unwrap();
+    let mut broken = two["proposals"][0].clone();
+    broken["candidate"]["source"] = json!(s.source("// kopt-fake: compile-error no such thing"));
+    two["proposals"].as_array_mut().unwrap().insert(0, broken);
+    let agent = scripted_agent(&ws, &two.to_string());
+    let o = optimize_softmax(&ws, &agent, "fenced", &["--from-reference"]);
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let all = events(&ws, "fenced");
+    let verdicts: Vec<&serde_json::Value> =
+        all.iter().filter(|e| e["event"] == "verdict").collect();
+    assert_eq!(verdicts.len(), 2, "{verdicts:?}");
+    let v = verdicts[0];
+    assert_eq!(
+        (&v["passed"], &v["failure_class"]),
+        (&json!(false), &json!("compile")),
+        "{v}"
+    );
+    let detail = v["detail"].as_str().unwrap();
+    assert!(detail.starts_with("compile: kernel.cu("), "{detail}");
+    assert!(detail.contains("error: no such thing"), "{detail}");
+    assert!(
+        detail.ends_with("(refused by NVRTC on the CPU: no GPU worker ran it)"),
+        "{detail}"
+    );
+    assert_eq!(verdicts[1]["passed"], true, "{:?}", verdicts[1]);
+    let rationale = kopt_spec::files::Rationale::parse(
+        &std::fs::read_to_string(
+            ws.root
+                .join("target/kopt/pending/llm-kernels/softmax/sm_90/rationale.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    if kopt::gpu::nvrtc_for_test() {
+        let c = rationale.compile.expect("the compile figures are recorded");
+        let (major, minor) = kopt::nvrtc_version().unwrap();
+        assert_eq!(c.nvrtc, format!("{major}.{minor}"));
+        assert_eq!(c.arch, "sm_90");
+        assert!(c.registers > 0 && !c.spills(), "{c:?}");
+    } else {
+        assert_eq!(rationale.compile, None, "no NVRTC, no figures");
+    }
+}
+
+#[test]
+fn the_loop_s_evaluator_refuses_a_module_without_the_entry_before_the_worker() {
+    // A macro-made entry passes the lexical check of proposals; only NVRTC can say the
+    // module lacks it. The evaluator compiles for sm_90 as on a GPU; the fake worker behind
+    // it would run whatever it were sent.
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    let s = setup();
+    let mut engine = s.engine();
+    let mut gpu = s.gpu(&mut engine);
+    gpu.target = Some(("sm_90".into(), false));
+    let k = s.kernel();
+    let signature = "extern \"C\" __global__ void softmax_f32(";
+    assert!(k.reference.text.contains(signature));
+    let mut candidate = KernelVersion::reference(&k.spec, &k.reference.text);
+    candidate.id = "r1c1".into();
+    candidate.source = k.reference.text.replace(
+        signature,
+        "#define SOFTMAX_KERNEL(name) extern \"C\" __global__ void name\nSOFTMAX_KERNEL(softmax_f32_v2)(",
+    );
+    assert!(kopt_spec::source::may_define_entry(
+        &candidate.source,
+        "softmax_f32"
+    ));
+    let verdict = run::Evaluate::evaluate(&mut gpu, &candidate, None);
+    assert!(!verdict.accepted);
+    assert_eq!(verdict.fences(), vec![kopt_engine::verdict::Fence::Compile]);
+    let summary = verdict.summary();
+    assert!(
+        summary.contains("has no kernel `softmax_f32`")
+            && summary.contains("it holds `softmax_f32_v2`"),
+        "{summary}"
+    );
+    assert!(summary.contains("no GPU worker ran it"), "{summary}");
+    assert!(
+        verdict.shapes.is_empty(),
+        "nothing was measured: {verdict:?}"
+    );
+    // With its entry, the same evaluator sends it on, and the worker judges it.
+    candidate.source = format!("{}\n// kopt-fake: speedup 1.3\n", k.reference.text);
+    let verdict = run::Evaluate::evaluate(&mut gpu, &candidate, None);
+    assert!(verdict.accepted, "{}", verdict.summary());
+    assert!(!verdict.shapes.is_empty());
 }

@@ -334,6 +334,411 @@ fn a_committed_variant_that_no_longer_compiles_fails_check() {
     );
 }
 
+/// Rewrites `file` of the committed variant `kernel/variant` as though it had been accepted
+/// so: the hashes of the lock and of the rationale's claim follow, so that only the
+/// compile fence can object.
+fn rewrite_accepted(ws: &ExampleWorkspace, kernel: &str, variant: &str, file: &str, text: &str) {
+    let path = format!("kopt/{kernel}/{variant}/{file}");
+    let (old, new) = (
+        kopt_spec::source::hash(ws.read(&path).as_bytes()),
+        kopt_spec::source::hash(text.as_bytes()),
+    );
+    ws.write(&path, text);
+    for f in [
+        format!("kopt/{kernel}/kopt.lock"),
+        format!("kopt/{kernel}/{variant}/rationale.json"),
+    ] {
+        let before = ws.read(&f);
+        assert!(before.contains(&old), "{f} records no {old}");
+        ws.write(&f, &before.replace(&old, &new));
+    }
+}
+
+/// Sets the compile figures the variant's evidence records (its rationale.json, and the
+/// RATIONALE.md rendered from it).
+fn record_compile(
+    ws: &ExampleWorkspace,
+    kernel: &str,
+    variant: &str,
+    figures: Option<kopt_spec::files::CompileFigures>,
+) {
+    let dir = format!("kopt/{kernel}/{variant}");
+    let mut r =
+        kopt_spec::files::Rationale::parse(&ws.read(&format!("{dir}/rationale.json"))).unwrap();
+    r.compile = figures;
+    ws.write(&format!("{dir}/rationale.json"), &r.to_json());
+    ws.write(&format!("{dir}/RATIONALE.md"), &r.render_markdown());
+}
+
+fn check_json(ws: &ExampleWorkspace, env: &[(&str, &str)]) -> (Option<i32>, serde_json::Value) {
+    let o = Command::new(env!("CARGO_BIN_EXE_cargo-kopt"))
+        .args([
+            "kopt",
+            "check",
+            "--message-format",
+            "json",
+            "--manifest-path",
+        ])
+        .arg(ws.manifest())
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    (o.status.code(), v)
+}
+
+/// The compile fence's row of one version in `check --message-format json`.
+fn compiled<'a>(v: &'a serde_json::Value, kernel: &str, version: &str) -> &'a serde_json::Value {
+    v["compile"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kernel"] == kernel && r["version"] == version)
+        .unwrap_or_else(|| panic!("no row for {kernel} {version} in {v}"))
+}
+
+/// Its figures as a variant's evidence would record them.
+fn figures_of(
+    v: &serde_json::Value,
+    kernel: &str,
+    version: &str,
+) -> kopt_spec::files::CompileFigures {
+    let row = compiled(v, kernel, version);
+    let r = &row["resources"];
+    let n = |k: &str| r[k].as_u64().unwrap() as u32;
+    kopt_spec::files::CompileFigures {
+        nvrtc: v["compile"]["nvrtc"].as_str().unwrap().into(),
+        cuda_headers: v["compile"]["cuda_headers"].as_str().map(String::from),
+        arch: r["arch"].as_str().unwrap().into(),
+        registers: n("registers"),
+        spill_stores: n("spill_stores"),
+        spill_loads: n("spill_loads"),
+        stack_bytes: n("stack_bytes"),
+        shared_bytes: n("shared_bytes"),
+    }
+}
+
+#[test]
+fn check_compiles_the_example_crates_kernels_with_nvrtc() {
+    // What CI runs (`scripts/with-cuda-wheels cargo test`): `cargo kopt check` of this
+    // repository compiles every kernel of examples/llm-kernels and examples/first-kernel,
+    // reference and accepted variants, with NVRTC from the wheels, on a machine without a
+    // GPU; without NVRTC this fails under KOPT_REQUIRE_NVRTC instead of skipping.
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_cargo-kopt"))
+        .args([
+            "kopt",
+            "check",
+            "--message-format",
+            "json",
+            "--manifest-path",
+        ])
+        .arg(kopt_tests::repo_root().join("Cargo.toml"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = &v["compile"];
+    assert_eq!(c["status"], "ran", "{c}");
+    assert_eq!(c["problems"], serde_json::json!([]), "{c}");
+    let rows = c["versions"].as_array().unwrap();
+    let examples = kopt_tests::repo_root().join("examples");
+    let mut expected = 0;
+    for (package, dir) in [
+        ("first-kernel", "first-kernel"),
+        ("llm-kernels", "llm-kernels"),
+    ] {
+        let mine: Vec<&serde_json::Value> =
+            rows.iter().filter(|r| r["package"] == package).collect();
+        let references = mine.iter().filter(|r| r["version"] == "reference").count();
+        assert!(references > 0, "no kernel of {package} was compiled: {c}");
+        expected += references;
+        // Every accepted variant of the crate's lock files was compiled for its
+        // architecture.
+        let kopt_dir = examples.join(dir).join("kopt");
+        for lock in std::fs::read_dir(&kopt_dir).into_iter().flatten().flatten() {
+            let Ok(text) = std::fs::read_to_string(lock.path().join("kopt.lock")) else {
+                continue;
+            };
+            let lock = kopt_spec::files::LockFile::parse(&text).unwrap();
+            for e in &lock.accepted {
+                expected += 1;
+                assert!(
+                    mine.iter().any(|r| r["kernel"] == lock.kernel.as_str()
+                        && r["version"] == e.variant.as_str()
+                        && r["arch"] == e.arch.as_str()),
+                    "{}/{} for {} was not compiled: {c}",
+                    lock.kernel,
+                    e.variant,
+                    e.arch
+                );
+            }
+        }
+        for r in &mine {
+            assert!(
+                r["resources"]["registers"].as_u64().is_some_and(|n| n > 0),
+                "no ptxas figures for {r}"
+            );
+        }
+    }
+    assert_eq!(rows.len(), expected, "{c}");
+}
+
+#[test]
+fn a_committed_variant_without_its_entry_fails_check() {
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    let ws = ExampleWorkspace::new();
+    let variant = "heuristic-row_sum-r1c1-m11";
+    let src = ws.read(&format!("kopt/row_sum/{variant}/kernel.cu"));
+    // Made by a macro, the entry is one the build's lexical scan cannot refute (it notes
+    // it): only NVRTC can say that the module lacks it.
+    let signature = "extern \"C\" __global__ void __launch_bounds__(BLOCK)\nrow_sum_f32(";
+    assert!(src.contains(signature), "{src}");
+    let renamed = src.replace(
+        signature,
+        "#define ROW_SUM_KERNEL(name) extern \"C\" __global__ void __launch_bounds__(BLOCK) name\nROW_SUM_KERNEL(row_sum_f32_v2)(",
+    );
+    rewrite_accepted(&ws, "row_sum", variant, "kernel.cu", &renamed);
+    let (code, v) = check_json(&ws, &[]);
+    assert_eq!(code, Some(1), "{v}");
+    let problems = v["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "only the compile fence objects: {v}");
+    let p = problems[0]["problem"].as_str().unwrap();
+    assert!(
+        p.starts_with(&format!(
+            "the module NVRTC compiled from `{variant}` for sm_90 has no kernel `row_sum_f32`"
+        )) && p.contains("it holds `row_sum_f32_v2`"),
+        "{p}"
+    );
+    assert_eq!(
+        problems[0]["path"],
+        format!("llm-kernels/kopt/row_sum/{variant}/kernel.cu")
+    );
+    let row = compiled(&v, "row_sum", variant);
+    assert_eq!(row["failure"]["kind"], "no-entry", "{row}");
+}
+
+#[test]
+fn a_variant_that_now_spills_fails_check_and_other_compile_changes_are_notes() {
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    let ws = ExampleWorkspace::new();
+    // A variant without `__launch_bounds__`, which would override a register cap.
+    let (kernel, variant) = ("candle_softmax", "run-1796127251-r1c1");
+    // Today's figures, from the function check compiles with.
+    let dir = format!("kopt/{kernel}/{variant}");
+    let file =
+        kopt_spec::files::VariantFile::parse(&ws.read(&format!("{dir}/variant.toml"))).unwrap();
+    let version =
+        kopt_engine::job::KernelVersion::variant(&file, &ws.read(&format!("{dir}/kernel.cu")));
+    let now = kopt_engine::precompile::precompile(kernel, &version, "sm_90", false)
+        .unwrap()
+        .figures
+        .unwrap();
+    assert!(!now.spills(), "{now:?}");
+    // Evidence recorded with today's figures: the same.
+    record_compile(&ws, kernel, variant, Some(now.clone()));
+    let (code, v) = check_json(&ws, &[]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(compiled(&v, kernel, variant)["evidence"], "same");
+    assert_eq!(figures_of(&v, kernel, variant), now);
+
+    // Recorded by another NVRTC, with other figures: notes, and check passes.
+    let mut other = now.clone();
+    other.nvrtc = "12.4".into();
+    other.cuda_headers = Some("12.4".into());
+    other.registers += 8;
+    other.shared_bytes *= 2;
+    record_compile(&ws, kernel, variant, Some(other.clone()));
+    let o = kopt(&ws, &["check"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = stdout(&o);
+    let who = format!("llm-kernels::{kernel} `{variant}` for sm_90");
+    assert!(
+        out.contains(&format!(
+            "note: {who}: compiled with NVRTC {}{}, its evidence with NVRTC 12.4 (CUDA headers 12.4)",
+            now.nvrtc,
+            now.cuda_headers.as_ref().map(|h| format!(" (CUDA headers {h})")).unwrap_or_default()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "note: {who}: its compile for sm_90 changed since it was verified: registers {} -> {}, static shared memory {} B -> {} B",
+            other.registers, now.registers, other.shared_bytes, now.shared_bytes
+        )),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(kernel) && l.contains(variant) && l.ends_with("differs")),
+        "{out}"
+    );
+
+    // The same evidence (no spill), and a compile that now spills: a problem.
+    record_compile(&ws, kernel, variant, Some(now.clone()));
+    let path = format!("kopt/{kernel}/{variant}/variant.toml");
+    let toml = ws.read(&path);
+    let capped = toml.replace("options = []", "options = [\"--maxrregcount=24\"]");
+    assert_ne!(capped, toml, "{toml}");
+    rewrite_accepted(&ws, kernel, variant, "variant.toml", &capped);
+    let (code, v) = check_json(&ws, &[]);
+    assert_eq!(code, Some(1), "{v}");
+    let problems = v["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "only the compile fence objects: {v}");
+    let p = problems[0]["problem"].as_str().unwrap();
+    assert!(
+        p.starts_with(&format!("`{variant}` spills for sm_90: ")) && p.ends_with(&format!(
+            "where its evidence recorded none ({}); a spill makes local-memory traffic the verification never measured",
+            now.describe()
+        )),
+        "{p}"
+    );
+    assert!(
+        problems[0]["fix"]
+            .as_str()
+            .unwrap()
+            .contains("cargo kopt verify"),
+        "{v}"
+    );
+    let row = compiled(&v, kernel, variant);
+    assert!(
+        row["resources"]["spill_stores"].as_u64().unwrap() > 0,
+        "{row}"
+    );
+    assert_eq!(row["evidence"], "differs");
+}
+
+#[test]
+fn check_says_in_one_line_when_nvrtc_cannot_be_loaded() {
+    // NVRTC out of reach: no library path, no toolkit variables.
+    let ws = ExampleWorkspace::new();
+    let run = |require: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cargo-kopt"));
+        c.args(["kopt", "check", "--manifest-path"])
+            .arg(ws.manifest())
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("CUDA_HOME")
+            .env_remove("CUDA_PATH")
+            .env_remove("CUDA_ROOT")
+            .env_remove("KOPT_CUDA_INCLUDE")
+            .env_remove("KOPT_REQUIRE_NVRTC");
+        if let Some(v) = require {
+            c.env("KOPT_REQUIRE_NVRTC", v);
+        }
+        c.output().unwrap()
+    };
+    let o = run(None);
+    let out = stdout(&o);
+    if out.contains("compiled with NVRTC") {
+        eprintln!("skipped: this machine has NVRTC on its default library path");
+        return;
+    }
+    assert!(o.status.success(), "{}", text(&o));
+    let skipped: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("NVRTC (libnvrtc.so)"))
+        .collect();
+    assert_eq!(
+        skipped,
+        vec!["compile fence skipped: NVRTC (libnvrtc.so) could not be loaded, so no kernel was compiled: install the CUDA toolkit's NVRTC or the NVIDIA wheels (scripts/cuda-wheels.sh) and put its lib folder on LD_LIBRARY_PATH"],
+        "{out}"
+    );
+    assert!(out.contains("ok: 10 kernel(s)"), "{out}");
+    // CI requires it: then it is a problem.
+    let o = run(Some("1"));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(
+            "problem: KOPT_REQUIRE_NVRTC is set, but NVRTC (libnvrtc.so) could not be loaded"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("fix: source target/cuda-wheels/cu13/env.sh"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_compile_fence_table() {
+    use cargo_kopt::compile_check::{CompileCheck, CompiledVersion, Failure, FailureKind};
+    use kopt_engine::precompile::Match;
+    let row =
+        |version: &str, registers: u32, spills: u32, evidence: Option<Match>| CompiledVersion {
+            package: "llm-kernels".into(),
+            kernel: "softmax".into(),
+            version: version.into(),
+            arch: "sm_90".into(),
+            entry: "softmax_f32".into(),
+            resources: Some(kopt::CompiledEntry {
+                name: "softmax_f32".into(),
+                arch: "sm_90".into(),
+                registers,
+                spill_stores: spills,
+                spill_loads: spills,
+                stack_bytes: spills,
+                shared_bytes: 128,
+            }),
+            recorded_registers: None,
+            recorded: None,
+            evidence,
+            warnings: String::new(),
+            warning_count: 0,
+            failure: None,
+        };
+    let mut warned = row("online-vec4", 40, 0, Some(Match::RegistersSame));
+    warned.warning_count = 1;
+    let mut broken = row("run-1-r1c1", 0, 0, None);
+    broken.resources = None;
+    broken.failure = Some(Failure {
+        kind: FailureKind::Compile,
+        message: "kernel.cu(3): error: expected a ';'".into(),
+    });
+    let mut missing = row("run-3-r1c1", 0, 0, None);
+    missing.resources = None;
+    missing.failure = Some(Failure {
+        kind: FailureKind::NoEntry,
+        message: "the module has no kernel `softmax_f32`".into(),
+    });
+    let c = CompileCheck::Ran {
+        nvrtc: "13.0".into(),
+        cuda_headers: Some("13.0".into()),
+        include_dirs: vec!["/usr/local/cuda/include".into()],
+        versions: vec![
+            row("reference", 26, 0, None),
+            warned,
+            row("run-2-r1c1", 255, 16, Some(Match::Differs)),
+            broken,
+            missing,
+        ],
+        problems: vec![],
+        notes: vec![
+            "llm-kernels::softmax `online-vec4` for sm_90: 1 warning(s):\nkernel.cu(3): warning #177-D: variable \"x\" was declared but never referenced".into(),
+        ],
+    };
+    insta::assert_snapshot!(
+        anstream::adapter::strip_str(&cargo_kopt::render::compile_check(&c)).to_string()
+    );
+    let skipped = CompileCheck::Skipped {
+        reason: cargo_kopt::compile_check::NO_NVRTC.into(),
+        problems: vec![],
+    };
+    assert_eq!(
+        anstream::adapter::strip_str(&cargo_kopt::render::compile_check(&skipped)).to_string(),
+        format!(
+            "compile fence skipped: {}\n",
+            cargo_kopt::compile_check::NO_NVRTC
+        )
+    );
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }

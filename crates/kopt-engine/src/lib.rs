@@ -10,6 +10,8 @@
 //!   row's scale and a rounding-noise floor);
 //! - [`stats`]: timing statistics, stopping rule, watchdog, outliers;
 //! - [`verdict`]: fences and figures from a report;
+//! - [`precompile`]: the compile on the CPU before any worker sees a version, and the
+//!   comparison of a compile with a variant's recorded figures;
 //! - [`ceilings`], [`cache`], [`sanitizer`].
 
 pub mod cache;
@@ -21,6 +23,7 @@ pub mod job;
 mod jsonf;
 pub mod parent;
 pub mod pool;
+pub mod precompile;
 pub mod protocol;
 pub mod sanitizer;
 pub mod stats;

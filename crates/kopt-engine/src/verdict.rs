@@ -153,6 +153,20 @@ impl Verdict {
         }
     }
 
+    /// A version the parent's compile on the CPU refused ([`crate::precompile`]): the
+    /// compile fence failed with the compiler's message, and no worker ran it.
+    pub fn compile_rejected(log: &str) -> Self {
+        let mut v = Verdict::rejected(
+            Fence::Compile,
+            format!(
+                "{}\n(refused by NVRTC on the CPU: no GPU worker ran it)",
+                first_lines(log, 12)
+            ),
+        );
+        v.compile_log = log.to_string();
+        v
+    }
+
     /// Whether every fence but perhaps the watchdog passed: the results are right and only
     /// the time may be wanting, so the times mean something.
     pub fn correct(&self) -> bool {

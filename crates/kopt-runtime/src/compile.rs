@@ -249,6 +249,132 @@ pub fn compile_native(
     })
 }
 
+/// One entry compiled to machine code for a real architecture, with ptxas' report of it:
+/// what `cargo kopt check` shows and compares with a variant's evidence, and what the
+/// parent's compile fence checks before a candidate reaches a GPU worker.
+#[derive(Debug, Clone)]
+pub struct EntryCompile {
+    pub native: Native,
+    /// The real architecture compiled for: `arch`, or the one the options name
+    /// (`--gpu-architecture=compute_90a` compiles for `sm_90a`).
+    pub arch: String,
+    /// ptxas' figures of the entry (its lowered name for a name expression).
+    pub resources: CompiledEntry,
+    /// NVRTC's and ptxas' warnings: the log without ptxas' informational lines. Empty
+    /// when the compile was clean.
+    pub warnings: String,
+}
+
+impl EntryCompile {
+    /// How many warnings the log holds (`file(line): warning ...`, `ptxas warning : ...`).
+    pub fn warning_count(&self) -> usize {
+        warning_count(&self.warnings)
+    }
+}
+
+/// How many warnings a compile log holds: NVRTC's `file(line): warning #N-D: ...` and
+/// ptxas' `ptxas warning : ...` lines (the source excerpts under them are not counted).
+pub fn warning_count(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains(": warning") || l.starts_with("ptxas warning"))
+        .count()
+}
+
+/// The compile log without ptxas' informational lines (`ptxas info : ...` and the
+/// `ptxas .` continuation lines of `-v`): what is left are warnings, NVRTC's and ptxas'.
+pub fn compile_warnings(log: &str) -> String {
+    log.lines()
+        .filter(|l| {
+            let rest = l.strip_prefix("ptxas").map(str::trim_start);
+            !matches!(rest, Some(r) if r.starts_with("info") || r.starts_with('.'))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim()
+        .to_string()
+}
+
+/// Compiles `source` to a cubin for the real architecture `arch` with ptxas' `-v` report,
+/// and confirms that the module holds `entry` (lowered when it is a name expression):
+/// the one CPU-side compile of a version, whoever asks. Needs NVRTC, not a GPU.
+///
+/// Errors: [`Error::NoNvrtc`]; [`Error::Compile`] with NVRTC's log; [`Error::NoEntry`]
+/// naming the entry functions the module does hold.
+pub fn compile_entry(
+    kernel: &str,
+    variant: &str,
+    source: &str,
+    options: &[&str],
+    arch: &str,
+    entry: &str,
+) -> Result<EntryCompile, Error> {
+    let mut opts: Vec<&str> = options.to_vec();
+    if !opts.contains(&"--ptxas-options=-v") {
+        opts.push("--ptxas-options=-v");
+    }
+    let native = compile_native(kernel, variant, source, &opts, arch, Some(entry))?;
+    let compiled_arch = options_arch(options).unwrap_or_else(|| arch.to_string());
+    let symbol = native.entry.clone().unwrap_or_else(|| entry.to_string());
+    let entries = ptxas_entries(&native.log);
+    let Some(resources) = entries.iter().find(|e| e.name == symbol).cloned() else {
+        let held = if entries.is_empty() {
+            "it holds no kernel at all".to_string()
+        } else {
+            format!(
+                "it holds {}",
+                entries
+                    .iter()
+                    .map(|e| format!("`{}`", e.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        return Err(Error::NoEntry {
+            kernel: kernel.to_string(),
+            variant: variant.to_string(),
+            entry: entry.to_string(),
+            detail: format!("ptxas compiled the module for {compiled_arch}; {held}"),
+        });
+    };
+    let warnings = compile_warnings(&native.log);
+    Ok(EntryCompile {
+        native,
+        arch: compiled_arch,
+        resources,
+        warnings,
+    })
+}
+
+/// The CUDA version of the headers NVRTC compiles against (`13.0`): see
+/// [`cuda_headers_version_in`] over [`cuda_include_dirs`].
+pub fn cuda_headers_version() -> Option<String> {
+    let dirs: Vec<std::path::PathBuf> = cuda_include_dirs().into_iter().map(Into::into).collect();
+    cuda_headers_version_in(&dirs)
+}
+
+/// `CUDA_VERSION` of the first `cuda.h` among `dirs`, else `CUDART_VERSION` of the first
+/// `cuda_runtime_api.h`, as `major.minor`; `None` where neither is found.
+pub fn cuda_headers_version_in(dirs: &[std::path::PathBuf]) -> Option<String> {
+    fn defined(path: &std::path::Path, name: &str) -> Option<u32> {
+        let text = std::fs::read_to_string(path).ok()?;
+        text.lines().find_map(|l| {
+            let mut words = l.split_whitespace();
+            if words.next()? != "#define" || words.next()? != name {
+                return None;
+            }
+            words.next()?.parse().ok()
+        })
+    }
+    let version = dirs
+        .iter()
+        .find_map(|d| defined(&d.join("cuda.h"), "CUDA_VERSION"))
+        .or_else(|| {
+            dirs.iter()
+                .find_map(|d| defined(&d.join("cuda_runtime_api.h"), "CUDART_VERSION"))
+        })?;
+    Some(format!("{}.{}", version / 1000, (version % 1000) / 10))
+}
+
 struct Output {
     ptx: Option<String>,
     cubin: Option<Vec<u8>>,
@@ -502,7 +628,59 @@ pub fn ptxas_entries(log: &str) -> Vec<CompiledEntry> {
 
 #[cfg(test)]
 mod tests {
-    use super::{options_arch, ptxas_entries};
+    use super::{compile_warnings, options_arch, ptxas_entries, warning_count};
+
+    #[test]
+    fn warnings_are_the_log_without_ptxas_info() {
+        // As NVRTC 13.0 prints a warning under `--ptxas-options=-v`.
+        let log = r#"k-reference.cu(3): warning #177-D: variable "unused" was declared but never referenced
+    int unused;
+        ^
+
+Remark: The warnings can be suppressed with "-diag-suppress <warning-number>"
+
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'k' for 'sm_90'
+ptxas info    : Function properties for k
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 8 registers, used 0 barriers
+ptxas warning : Registers are spilled to local memory in function 'k', 8 bytes spill stores, 8 bytes spill loads"#;
+        let w = compile_warnings(log);
+        assert!(w.starts_with("k-reference.cu(3): warning #177-D"), "{w}");
+        assert!(w.ends_with("8 bytes spill loads"), "{w}");
+        assert!(
+            !w.contains("ptxas info") && !w.contains("stack frame"),
+            "{w}"
+        );
+        assert_eq!(warning_count(&w), 2);
+        assert_eq!(compile_warnings("ptxas info    : Used 8 registers"), "");
+        assert_eq!(warning_count(""), 0);
+    }
+
+    #[test]
+    fn the_headers_version_is_cuda_h_s() {
+        let d = tempfile::tempdir().unwrap();
+        let dirs = vec![d.path().to_path_buf()];
+        assert_eq!(super::cuda_headers_version_in(&dirs), None);
+        std::fs::write(
+            d.path().join("cuda_runtime_api.h"),
+            "#define CUDART_VERSION  12090\n",
+        )
+        .unwrap();
+        assert_eq!(
+            super::cuda_headers_version_in(&dirs).as_deref(),
+            Some("12.9")
+        );
+        std::fs::write(
+            d.path().join("cuda.h"),
+            "#ifndef X\n#define CUDA_VERSION 13000\n#endif\n",
+        )
+        .unwrap();
+        assert_eq!(
+            super::cuda_headers_version_in(&dirs).as_deref(),
+            Some("13.0")
+        );
+    }
 
     #[test]
     fn the_include_digest_follows_the_headers() {

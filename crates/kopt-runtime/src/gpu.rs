@@ -41,11 +41,18 @@ pub fn nvrtc_for_test() -> bool {
         return true;
     }
     let why = "NVRTC (libnvrtc.so) could not be loaded (scripts/cuda-wheels.sh installs it)";
-    if std::env::var_os("KOPT_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
+    if nvrtc_required() {
         panic!("KOPT_REQUIRE_NVRTC is set, but {why}");
     }
     eprintln!("skipped: {why}");
     false
+}
+
+/// Whether `KOPT_REQUIRE_NVRTC` is set (to anything but `0`), as `scripts/with-cuda-wheels`
+/// and CI set it: a run that cannot load NVRTC must then fail (tests, and the compile
+/// fence of `cargo kopt check`) instead of skipping the compile.
+pub fn nvrtc_required() -> bool {
+    std::env::var_os("KOPT_REQUIRE_NVRTC").is_some_and(|v| v != "0")
 }
 
 /// For GPU tests (marked `#[ignore = "needs a CUDA GPU"]`): `true` when a GPU can be

@@ -28,9 +28,10 @@ mod kernel;
 mod launch;
 
 pub use compile::{
-    compile_cubin, compile_environment, compile_module, compile_native, compile_ptx,
-    cuda_include_dirs, include_digest, is_name_expression, nvrtc_version, open_launch_limits,
-    options_arch, ptxas_entries, CompiledEntry, Module, Native,
+    compile_cubin, compile_entry, compile_environment, compile_module, compile_native, compile_ptx,
+    compile_warnings, cuda_headers_version, cuda_headers_version_in, cuda_include_dirs,
+    include_digest, is_name_expression, nvrtc_version, open_launch_limits, options_arch,
+    ptxas_entries, warning_count, CompiledEntry, EntryCompile, Module, Native,
 };
 pub use error::Error;
 pub use kernel::{

@@ -112,3 +112,101 @@ fn a_missing_header_names_the_folders_searched() {
     assert!(text.contains("no_such_header.h"), "{text}");
     assert!(text.contains("--include-path="), "{text}");
 }
+
+#[test]
+fn compile_entry_reports_the_entry_s_figures_and_warnings() {
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    let source = r#"
+extern "C" __global__ void other(float* y) { y[0] = 1.f; }
+extern "C" __global__ void k(const float* x, float* y) {
+  __shared__ float tile[64];
+  int unused;
+  tile[threadIdx.x % 64] = x[threadIdx.x];
+  __syncthreads();
+  y[threadIdx.x] = tile[(threadIdx.x + 1) % 64];
+}
+"#;
+    let c = kopt::compile_entry("t", "reference", source, &[], ARCH, "k")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.arch, "sm_90");
+    assert_eq!(c.resources.name, "k");
+    assert_eq!(c.resources.shared_bytes, 256, "{:?}", c.resources);
+    assert!(c.resources.registers > 0, "{:?}", c.resources);
+    assert_eq!((c.resources.spill_stores, c.resources.spill_loads), (0, 0));
+    assert!(!c.native.cubin.is_empty());
+    assert_eq!(c.warning_count(), 1, "{}", c.warnings);
+    assert!(c.warnings.contains("\"unused\""), "{}", c.warnings);
+    assert!(!c.warnings.contains("ptxas info"), "{}", c.warnings);
+}
+
+#[test]
+fn compile_entry_refuses_a_module_without_the_entry() {
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    let source = "extern \"C\" __global__ void softmax_f32(float* y) { y[0] = 1.f; }\n";
+    let e = kopt::compile_entry("t", "v1", source, &[], ARCH, "softmax").unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, kopt::Error::NoEntry { .. }), "{text}");
+    assert!(
+        text.contains("has no kernel `softmax`")
+            && text.contains("it holds `softmax_f32`")
+            && text.contains("for sm_90"),
+        "{text}"
+    );
+    // An arch-specific option compiles for the architecture it names.
+    let c = kopt::compile_entry(
+        "t",
+        "v1",
+        source,
+        &["--gpu-architecture=compute_90a"],
+        ARCH,
+        "softmax_f32",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.arch, "sm_90a");
+    // A compile error is NVRTC's log.
+    let e = kopt::compile_entry("t", "v2", "int x = y;\n", &[], ARCH, "k").unwrap_err();
+    match e {
+        kopt::Error::Compile { log, .. } => {
+            assert!(log.contains("identifier \"y\" is undefined"), "{log}")
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn a_kernel_made_to_spill_reports_its_spills() {
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    // Many live values and a register cap: ptxas must spill.
+    let source = r#"
+extern "C" __global__ void k(const float* x, float* y, int n) {
+  float v[64];
+  #pragma unroll
+  for (int i = 0; i < 64; i++) v[i] = x[i * n + threadIdx.x];
+  float s = 0.f;
+  #pragma unroll
+  for (int r = 0; r < 8; r++) {
+    #pragma unroll
+    for (int i = 0; i < 64; i++) s += v[i] * v[(i * 7 + r) % 64];
+  }
+  #pragma unroll
+  for (int i = 0; i < 64; i++) y[i * n + threadIdx.x] = v[i] * s;
+}
+"#;
+    let c = kopt::compile_entry("t", "v", source, &["--maxrregcount=16"], ARCH, "k")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        c.resources.spill_stores > 0 && c.resources.spill_loads > 0,
+        "{:?}\n{}",
+        c.resources,
+        c.native.log
+    );
+    assert!(c.resources.stack_bytes > 0, "{:?}", c.resources);
+    // The cap is honoured down to ptxas' own floor for the architecture (24 on sm_90).
+    assert!(c.resources.registers <= 24, "{:?}", c.resources);
+}

@@ -241,11 +241,66 @@ pub struct Rationale {
     pub risks: Vec<Risk>,
     pub verification: Verification,
     pub figures: Vec<ShapeFigures>,
+    /// What NVRTC made of the variant for its architecture when it was verified: the
+    /// figures `cargo kopt check` compiles it again to compare with. Absent in records
+    /// written before kopt recorded them (their figures' registers are compared instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile: Option<CompileFigures>,
     /// How the variant's defines were chosen, when a search over a parameter matrix chose
     /// them (the optimisation loop's sweep of the agent's matrix).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search: Option<ParameterSearch>,
     pub provenance: Provenance,
+}
+
+/// ptxas' figures of a variant's entry, compiled by NVRTC on the CPU for a real
+/// architecture, and what compiled it. Not a measurement of the device: the same source,
+/// options and compiler give the same figures on any machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompileFigures {
+    /// NVRTC's version (`13.0`).
+    pub nvrtc: String,
+    /// The CUDA version of the headers it compiled against (`13.0`), where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_headers: Option<String>,
+    /// The real architecture compiled for (`sm_90`, or `sm_90a` where the options name it).
+    pub arch: String,
+    pub registers: u32,
+    /// Bytes of registers spilled to local memory (stores) and read back (loads).
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    /// Bytes of stack frame per thread: local memory, spills included.
+    pub stack_bytes: u32,
+    /// Static shared memory per block, bytes (dynamic shared memory is the launch's).
+    pub shared_bytes: u32,
+}
+
+impl CompileFigures {
+    /// Whether ptxas spilled registers.
+    pub fn spills(&self) -> bool {
+        self.spill_stores > 0 || self.spill_loads > 0
+    }
+
+    /// One sentence: `NVRTC 13.0 (CUDA headers 13.0), sm_90: 47 registers, no spills, ...`.
+    pub fn describe(&self) -> String {
+        let headers = self
+            .cuda_headers
+            .as_ref()
+            .map(|h| format!(" (CUDA headers {h})"))
+            .unwrap_or_default();
+        let spills = if self.spills() {
+            format!(
+                "{} bytes of spill stores and {} of spill loads",
+                self.spill_stores, self.spill_loads
+            )
+        } else {
+            "no spills".to_string()
+        };
+        format!(
+            "NVRTC {}{headers}, {}: {} registers, {spills}, {} bytes of stack, {} bytes of static shared memory",
+            self.nvrtc, self.arch, self.registers, self.stack_bytes, self.shared_bytes
+        )
+    }
 }
 
 /// The search that chose a variant's defines: every point it measured, so that a reviewer
@@ -561,6 +616,7 @@ impl Rationale {
                 seeds: Vec::new(),
             },
             figures: Vec::new(),
+            compile: None,
             search: None,
             provenance: Provenance {
                 agent: "person (hand-written)".into(),
@@ -653,6 +709,13 @@ impl Rationale {
             );
         }
         md.push('\n');
+        if let Some(c) = &self.compile {
+            let _ = writeln!(
+                md,
+                "Compiled on the CPU by {}; `cargo kopt check` compiles it again and compares.\n",
+                c.describe()
+            );
+        }
         if let Some(search) = &self.search {
             render_search(&mut md, search);
         }

@@ -193,6 +193,7 @@ fn rationale_formats() {
             registers: Some(32),
             occupancy_pct: Some(100.0),
         }],
+        compile: None,
         search: None,
         provenance: Provenance {
             agent: "heuristic".into(),
@@ -241,6 +242,7 @@ fn rationale_without_optional_parts() {
             seeds: vec![1],
         },
         figures: vec![],
+        compile: None,
         search: None,
         provenance: Provenance {
             agent: "a".into(),
@@ -261,6 +263,7 @@ fn rationale_without_optional_parts() {
         "copy_bandwidth_gbs",
         "session",
         "search",
+        "compile",
     ] {
         assert!(!json.contains(absent), "{absent} in {json}");
     }
@@ -272,6 +275,7 @@ fn rationale_without_optional_parts() {
         "budget used",
         "Verified by",
         "Parameter search",
+        "Compiled on the CPU",
     ] {
         assert!(!md.contains(absent), "{absent} in {md}");
     }
@@ -309,4 +313,31 @@ fn rationale_without_optional_parts() {
         .and_then(|s| s.split("## Verification").next())
         .expect("a search section before the verification");
     insta::assert_snapshot!("rationale_search_md", section);
+
+    // The compile figures `check` compares with: after the figures, one sentence.
+    r.compile = Some(CompileFigures {
+        nvrtc: "13.0".into(),
+        cuda_headers: Some("13.0".into()),
+        arch: "sm_80".into(),
+        registers: 40,
+        spill_stores: 0,
+        spill_loads: 0,
+        stack_bytes: 0,
+        shared_bytes: 1024,
+    });
+    let json = r.to_json();
+    assert!(
+        json.contains("\"compile\": {\n    \"nvrtc\": \"13.0\""),
+        "{json}"
+    );
+    assert_eq!(Rationale::parse(&json).unwrap(), r, "round trip");
+    let md = r.render_markdown();
+    assert!(
+        md.contains("Compiled on the CPU by NVRTC 13.0 (CUDA headers 13.0), sm_80: 40 registers, no spills, 0 bytes of stack, 1024 bytes of static shared memory; `cargo kopt check` compiles it again and compares.\n"),
+        "{md}"
+    );
+    assert!(
+        md.find("Compiled on the CPU").unwrap() < md.find("## Parameter search").unwrap(),
+        "{md}"
+    );
 }

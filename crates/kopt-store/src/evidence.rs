@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use kopt_spec::files::{
-    self, BottleneckSnapshot, BudgetUsed, Change, Claim, Diagnosis, OutputCheck, ParameterSearch,
-    Provenance, Rationale, Risk, ShapeFigures, Snapshots, Verification,
+    self, BottleneckSnapshot, BudgetUsed, Change, Claim, CompileFigures, Diagnosis, OutputCheck,
+    ParameterSearch, Provenance, Rationale, Risk, ShapeFigures, Snapshots, Verification,
 };
 use kopt_spec::spec::Number;
 use serde::{Deserialize, Serialize};
@@ -41,6 +41,10 @@ pub struct Evidence {
     /// The search over a parameter matrix that chose the variant's defines, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search: Option<ParameterSearch>,
+    /// ptxas' figures of the variant as NVRTC compiled it on the CPU for its architecture
+    /// when it was verified (`cargo kopt check` compares later compiles with them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile: Option<CompileFigures>,
     pub device: Device,
     /// Who or what proposed it: `person (hand-written)`, `heuristic`, `openai:<model>`.
     pub agent: String,
@@ -243,6 +247,14 @@ pub fn build(e: &Evidence) -> Result<Rationale> {
             return bad(format!("confidence {} is not between 0 and 1", c.score));
         }
     }
+    if let Some(c) = &e.compile {
+        if c.nvrtc.trim().is_empty() || files::parse_arch(&c.arch).is_none() {
+            return bad(format!(
+                "the compile figures name no NVRTC version or no architecture (`{}`, `{}`)",
+                c.nvrtc, c.arch
+            ));
+        }
+    }
     if let Some(s) = &e.search {
         if s.method.trim().is_empty() {
             return bad("`search.method` is empty".into());
@@ -287,6 +299,7 @@ pub fn build(e: &Evidence) -> Result<Rationale> {
             seeds: e.verification.seeds.clone(),
         },
         figures,
+        compile: e.compile.clone(),
         search: e.search.clone(),
         provenance: Provenance {
             agent: e.agent.clone(),

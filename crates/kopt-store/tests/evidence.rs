@@ -109,6 +109,7 @@ fn sample() -> Evidence {
             },
         ],
         search: None,
+        compile: None,
         device: Device {
             name: "NVIDIA H200".into(),
             driver: "580.159.04".into(),
@@ -189,4 +190,42 @@ fn evidence_that_does_not_support_a_rationale_is_refused() {
     );
     refuse(&|e| e.arch = "hopper".into(), "not an architecture name");
     refuse(&|e| e.summary.clear(), "`summary` is empty");
+}
+
+#[test]
+fn compile_figures_pass_into_the_rationale() {
+    let mut e = sample();
+    let figures = kopt_spec::files::CompileFigures {
+        nvrtc: "13.0".into(),
+        cuda_headers: None,
+        arch: "sm_90".into(),
+        registers: 40,
+        spill_stores: 0,
+        spill_loads: 0,
+        stack_bytes: 0,
+        shared_bytes: 128,
+    };
+    e.compile = Some(figures.clone());
+    let back = Evidence::parse(&serde_json::to_string(&e).unwrap()).unwrap();
+    assert_eq!(back, e, "round trip");
+    let r = evidence::build(&e).unwrap();
+    assert_eq!(r.compile, Some(figures.clone()));
+    assert!(
+        r.render_markdown()
+            .contains("Compiled on the CPU by NVRTC 13.0, sm_90: 40 registers, no spills"),
+        "{}",
+        r.render_markdown()
+    );
+    // Evidence written before compile figures were recorded reads without them.
+    let old = serde_json::to_string(&sample()).unwrap();
+    assert!(!old.contains("\"compile\""), "{old}");
+    assert_eq!(Evidence::parse(&old).unwrap().compile, None);
+
+    let mut bad = e.clone();
+    bad.compile = Some(kopt_spec::files::CompileFigures {
+        nvrtc: " ".into(),
+        ..figures
+    });
+    let err = evidence::build(&bad).unwrap_err().to_string();
+    assert!(err.contains("name no NVRTC version"), "{err}");
 }
