@@ -9,6 +9,8 @@
 //!   held-out shape a geometry the kernels are written for (whole warps, each row once);
 //! - each candidate and each reference compiles with NVRTC for sm_90, with its entry in
 //!   the module and without spills (with the wheels' NVRTC, as CI has it);
+//! - `cargo kopt check` passes on it (its committed files, and the compile fence over its
+//!   references and accepted variants);
 //! - the example builds: `cargo check` of it with the wheels' nvcc (candle-kernels' build
 //!   script compiles its kernels with it).
 //!
@@ -40,7 +42,13 @@ fn cargo() -> String {
 #[test]
 fn kernel_sources_are_candle_kernels_files_byte_for_byte() {
     let out = Command::new(cargo())
-        .args(["metadata", "--format-version", "1", "--locked", "--manifest-path"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--locked",
+            "--manifest-path",
+        ])
         .arg(example().join("Cargo.toml"))
         .output()
         .expect("cargo runs");
@@ -109,8 +117,7 @@ fn candidate_file(kernel: &str) -> PathBuf {
 /// copied from) the candidate file.
 fn proposal_text(kernel: &str) -> String {
     let json = example().join(format!("agents/{kernel}.proposal.json"));
-    let text = std::fs::read_to_string(&json)
-        .unwrap_or_else(|e| panic!("{}: {e}", json.display()));
+    let text = std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{}: {e}", json.display()));
     let cu = std::fs::read_to_string(candidate_file(kernel)).unwrap();
     let mut set: ProposalSet = serde_json::from_str(&text).unwrap();
     if std::env::var_os("KOPT_REGENERATE").is_some_and(|v| v == "1") {
@@ -146,7 +153,12 @@ fn all_shapes(spec: &KernelSpec) -> Vec<BTreeMap<String, Number>> {
     out
 }
 
-fn eval(spec: &KernelSpec, defines: &BTreeMap<String, i64>, text: &str, vars: &[(&str, i64)]) -> i64 {
+fn eval(
+    spec: &KernelSpec,
+    defines: &BTreeMap<String, i64>,
+    text: &str,
+    vars: &[(&str, i64)],
+) -> i64 {
     let names: Vec<&str> = defines.keys().map(String::as_str).collect();
     let kinds = |n: &str| {
         spec.var_kind_with(n, &names)
@@ -170,7 +182,10 @@ fn every_candidate_is_a_valid_proposal_launchable_on_every_shape() {
             .unwrap_or_else(|e| panic!("{name}: {e:?}"));
         assert_eq!(resolved.len(), 1, "{name}");
         let p = &resolved[0].proposal;
-        let launch = p.launch.as_ref().expect("the candidates have their own launch rule");
+        let launch = p
+            .launch
+            .as_ref()
+            .expect("the candidates have their own launch rule");
         let cache = p.defines["CACHE"];
         // 16-byte vectors: 8 bf16 or 4 f32.
         let per_vector = if name.ends_with("bf16") { 8 } else { 4 };
@@ -187,13 +202,19 @@ fn every_candidate_is_a_valid_proposal_launchable_on_every_shape() {
             let (rows, ncols) = (at("rows"), at("ncols"));
             let shape = format!("{name} {values:?}: grid {g:?} block {b:?}");
             assert_eq!(at(&launch.smem), 0, "{shape}");
-            assert!(g.iter().all(|&d| d >= 1) && b.iter().all(|&d| d >= 1), "{shape}");
+            assert!(
+                g.iter().all(|&d| d >= 1) && b.iter().all(|&d| d >= 1),
+                "{shape}"
+            );
             assert_eq!((g[1], g[2], b[2]), (1, 1, 1), "{shape}");
             // A row's threads: a power of two, within one warp's aligned lanes or whole
             // warps (row_reduce's shuffles), and the block whole warps (full-mask shuffles).
             assert!(b[0].count_ones() == 1 && b[0] <= 1024, "{shape}");
             assert!(b[0] * b[1] <= 1024 && (b[0] * b[1]) % 32 == 0, "{shape}");
-            assert!(b[1] == 1 || b[0] < 32, "{shape}: several rows a block only below a warp a row");
+            assert!(
+                b[1] == 1 || b[0] < 32,
+                "{shape}: several rows a block only below a warp a row"
+            );
             // The kernel is not told the row count: the grid covers each row exactly once.
             assert_eq!(g[0] * b[1], rows, "{shape}");
             if i < declared {
@@ -236,7 +257,13 @@ fn every_candidate_and_reference_compiles_with_nvrtc_for_sm_90_without_spills() 
             .collect();
         options.extend(p.proposal.options.iter().cloned());
         let entry = k.spec.entry.clone();
-        versions.push((name.clone(), "reference", k.reference.text.clone(), k.spec.options.clone(), entry.clone()));
+        versions.push((
+            name.clone(),
+            "reference",
+            k.reference.text.clone(),
+            k.spec.options.clone(),
+            entry.clone(),
+        ));
         versions.push((name, "candidate", p.source, options, entry));
     }
     let mut compiled: Vec<((String, Vec<String>), kopt::Native)> = Vec::new();
@@ -274,6 +301,29 @@ fn every_candidate_and_reference_compiles_with_nvrtc_for_sm_90_without_spills() 
             "{name} {version}: {} registers, {} bytes of static shared memory",
             e.registers, e.shared_bytes
         );
+    }
+}
+
+/// `cargo kopt check` of the example: its committed files (lock files and the accepted
+/// variants, once the loop has produced them) intact and current, and, with NVRTC, the
+/// compile fence: every reference and accepted variant compiled for its architecture.
+#[test]
+fn kopt_check_passes_on_the_example() {
+    let g = cargo_kopt::gather::gather_crate("candle-ops", &example(), &repo_root().join("target"));
+    let checked = cargo_kopt::commands::check(&g);
+    assert!(checked.problems.is_empty(), "{:?}", checked.problems);
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    match cargo_kopt::compile_check::compile_check(&g) {
+        cargo_kopt::compile_check::CompileCheck::Ran {
+            versions, problems, ..
+        } => {
+            assert!(problems.is_empty(), "{problems:?}");
+            let references = versions.iter().filter(|v| v.version == "reference").count();
+            assert!(references >= 4, "{versions:?}");
+        }
+        other => panic!("NVRTC loads, yet the compile fence did not run: {other:?}"),
     }
 }
 
