@@ -64,7 +64,11 @@ fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
 /// Compares `got` with `want` (same shape) under `tol`.
 pub fn compare(got: &Tensor, want: &Tensor, tol: Tolerance) -> Result<Comparison> {
     if got.shape() != want.shape() {
-        candle_core::bail!("shapes differ: {:?} against {:?}", got.shape(), want.shape())
+        candle_core::bail!(
+            "shapes differ: {:?} against {:?}",
+            got.shape(),
+            want.shape()
+        )
     }
     let row = want.dim(D::Minus1)?.max(1);
     let (g, w) = (host_f32(got)?, host_f32(want)?);

@@ -57,11 +57,7 @@ fn main() -> ExitCode {
                 eprintln!("candle-ops: {why}");
                 return ExitCode::from(2);
             }
-            None => bench(
-                flag("--samples")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(50),
-            ),
+            None => bench(flag("--samples").and_then(|v| v.parse().ok()).unwrap_or(50)),
         },
         other => {
             eprintln!("candle-ops: unknown command `{other}`; use bench or explain");
@@ -133,7 +129,9 @@ impl Elem for f32 {
     ) -> Result<(), kopt::Error> {
         match op {
             Op::Softmax => k::softmax_f32(stream, &x.as_view(), y, rows, ncols),
-            Op::RmsNorm => k::rmsnorm_f32(stream, &x.as_view(), y, &alpha.as_view(), rows, ncols, EPS),
+            Op::RmsNorm => {
+                k::rmsnorm_f32(stream, &x.as_view(), y, &alpha.as_view(), rows, ncols, EPS)
+            }
         }
     }
 }
@@ -156,7 +154,9 @@ impl Elem for bf16 {
     ) -> Result<(), kopt::Error> {
         match op {
             Op::Softmax => k::softmax_bf16(stream, &x.as_view(), y, rows, ncols),
-            Op::RmsNorm => k::rmsnorm_bf16(stream, &x.as_view(), y, &alpha.as_view(), rows, ncols, EPS),
+            Op::RmsNorm => {
+                k::rmsnorm_bf16(stream, &x.as_view(), y, &alpha.as_view(), rows, ncols, EPS)
+            }
         }
     }
 }
@@ -300,10 +300,18 @@ fn bench(samples: usize) -> Res<()> {
             let args = kernel.spec().shape_args(shape);
             let (r, c) = (args[0] as usize, args[1] as usize);
             let row = match kernel.name() {
-                "softmax_bf16" => case::<bf16>(&dev, &device, kernel, Op::Softmax, r, c, l2, samples)?,
-                "softmax_f32" => case::<f32>(&dev, &device, kernel, Op::Softmax, r, c, l2, samples)?,
-                "rmsnorm_bf16" => case::<bf16>(&dev, &device, kernel, Op::RmsNorm, r, c, l2, samples)?,
-                "rmsnorm_f32" => case::<f32>(&dev, &device, kernel, Op::RmsNorm, r, c, l2, samples)?,
+                "softmax_bf16" => {
+                    case::<bf16>(&dev, &device, kernel, Op::Softmax, r, c, l2, samples)?
+                }
+                "softmax_f32" => {
+                    case::<f32>(&dev, &device, kernel, Op::Softmax, r, c, l2, samples)?
+                }
+                "rmsnorm_bf16" => {
+                    case::<bf16>(&dev, &device, kernel, Op::RmsNorm, r, c, l2, samples)?
+                }
+                "rmsnorm_f32" => {
+                    case::<f32>(&dev, &device, kernel, Op::RmsNorm, r, c, l2, samples)?
+                }
                 other => return Err(format!("no bench for kernel `{other}`").into()),
             };
             eprintln!("{} {}: done", row.kernel, row.shape);
@@ -349,7 +357,10 @@ fn bench(samples: usize) -> Res<()> {
         );
     }
     if rows.iter().any(|r| r.check != "ok") {
-        return Err("kopt's output differed from candle's beyond the kernel's tolerance (the check column)".into());
+        return Err(
+            "kopt's output differed from candle's beyond the kernel's tolerance (the check column)"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -446,7 +457,13 @@ fn case<T: Elem>(
     let (cfg, block_size) = candle_launch(op, rows, ncols);
     // kopt's reference, compiled from what kopt embeds, by its own launch rule.
     let def = &kernel.def().reference;
-    let ptx = kopt::compile_ptx(kernel.name(), "reference", def.source, def.options, dev_cc(&stream)?)?;
+    let ptx = kopt::compile_ptx(
+        kernel.name(),
+        "reference",
+        def.source,
+        def.options,
+        dev_cc(&stream)?,
+    )?;
     let module = stream.context().load_module(ptx)?;
     let reference_fn = module.load_function(def.entry)?;
     let args = [rows as i64, ncols as i64, 0];
@@ -467,28 +484,66 @@ fn case<T: Elem>(
     // Correct first: kopt's launcher against candle's kernel on set 0.
     let mut want = stream.alloc_zeros::<T>(n)?;
     let candle_fn: &CudaFunction = &candle_fn;
-    launch_raw(&stream, candle_fn, op, cfg, block_size, (&xs[0], &mut want, &alpha), c32)?;
+    launch_raw(
+        &stream,
+        candle_fn,
+        op,
+        cfg,
+        block_size,
+        (&xs[0], &mut want, &alpha),
+        c32,
+    )?;
     T::launch_kopt(op, &stream, (&xs[0], &mut ys[0], &alpha), r32, c32)?;
     let as_tensor = |s: &CudaSlice<T>| -> Res<Tensor> {
         let host: Vec<T> = stream.clone_dtoh(s)?;
         let f: Vec<f32> = host.into_iter().map(T::to_f32).collect();
         Ok(Tensor::from_vec(f, (rows, ncols), &Device::Cpu)?)
     };
-    let c = compare(&as_tensor(&ys[0])?, &as_tensor(&want)?, Tolerance::of(kernel, "dst"))?;
-    let check = if c.passed() { "ok".to_string() } else { format!("FAIL: {c}") };
+    let c = compare(
+        &as_tensor(&ys[0])?,
+        &as_tensor(&want)?,
+        Tolerance::of(kernel, "dst"),
+    )?;
+    let check = if c.passed() {
+        "ok".to_string()
+    } else {
+        format!("FAIL: {c}")
+    };
 
     let graphs = [
         capture(&stream, launches, |i| {
             let s = i % sets;
-            launch_raw(&stream, candle_fn, op, cfg, block_size, (&xs[s], &mut ys[s], &alpha), c32)
+            launch_raw(
+                &stream,
+                candle_fn,
+                op,
+                cfg,
+                block_size,
+                (&xs[s], &mut ys[s], &alpha),
+                c32,
+            )
         })?,
         capture(&stream, launches, |i| {
             let s = i % sets;
-            launch_raw(&stream, &reference_fn, op, ref_cfg, block_size, (&xs[s], &mut ys[s], &alpha), c32)
+            launch_raw(
+                &stream,
+                &reference_fn,
+                op,
+                ref_cfg,
+                block_size,
+                (&xs[s], &mut ys[s], &alpha),
+                c32,
+            )
         })?,
         capture(&stream, launches, |i| {
             let s = i % sets;
-            Ok(T::launch_kopt(op, &stream, (&xs[s], &mut ys[s], &alpha), r32, c32)?)
+            Ok(T::launch_kopt(
+                op,
+                &stream,
+                (&xs[s], &mut ys[s], &alpha),
+                r32,
+                c32,
+            )?)
         })?,
     ];
     let t = sample_graphs(&stream, &graphs, launches, samples)?;
@@ -497,7 +552,8 @@ fn case<T: Elem>(
     // Op level: candle's tensor API, both ops on the same rotating tensors.
     let tensors: Vec<Tensor> = (0..sets.min(16))
         .map(|i| {
-            Tensor::from_vec(values(n, 500 + i as u64, false), (rows, ncols), device)?.to_dtype(T::DTYPE)
+            Tensor::from_vec(values(n, 500 + i as u64, false), (rows, ncols), device)?
+                .to_dtype(T::DTYPE)
         })
         .collect::<candle_core::Result<_>>()?;
     let weight = Tensor::from_vec(values(ncols, 999, true), ncols, device)?.to_dtype(T::DTYPE)?;

@@ -79,7 +79,13 @@ pub struct DecoderStep {
 /// A matrix of `rows x cols` drawn from N(0, 1/rows), so that a product with it keeps
 /// activations of order one.
 fn projection(rows: usize, cols: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-    Tensor::randn(0f32, (1.0 / rows as f64).sqrt() as f32, (rows, cols), device)?.to_dtype(dtype)
+    Tensor::randn(
+        0f32,
+        (1.0 / rows as f64).sqrt() as f32,
+        (rows, cols),
+        device,
+    )?
+    .to_dtype(dtype)
 }
 
 /// A norm's weight, drawn from U(0.5, 1.5) as trained weights roughly are.
@@ -94,7 +100,13 @@ impl DecoderStep {
         let h = cfg.hidden();
         let t = cfg.tokens;
         let mask: Vec<f32> = (0..t * t)
-            .map(|i| if i % t > i / t { f32::NEG_INFINITY } else { 0.0 })
+            .map(|i| {
+                if i % t > i / t {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
             .collect();
         Ok(Self {
             cfg,
@@ -136,7 +148,10 @@ impl DecoderStep {
         let split = |w: &Tensor| xn.matmul(w)?.reshape((t, heads, d));
         let q = ops.rms_norm(&split(&self.wq)?, &self.q_norm, eps)?;
         let k = ops.rms_norm(&split(&self.wk)?, &self.k_norm, eps)?;
-        let (q, k) = (q.transpose(0, 1)?.contiguous()?, k.transpose(0, 1)?.contiguous()?);
+        let (q, k) = (
+            q.transpose(0, 1)?.contiguous()?,
+            k.transpose(0, 1)?.contiguous()?,
+        );
         let v = split(&self.wv)?.transpose(0, 1)?.contiguous()?;
         let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
         let p = ops.softmax_last_dim(&scores.broadcast_add(&self.causal_mask)?)?;

@@ -57,11 +57,7 @@ fn rows_of(layout: &Layout, what: &str) -> Result<Rows> {
     };
     let dims = layout.shape().dims();
     let ncols = dims.last().copied().unwrap_or(1);
-    let rows = if ncols == 0 {
-        0
-    } else {
-        layout.shape().elem_count() / ncols
-    };
+    let rows = layout.shape().elem_count().checked_div(ncols).unwrap_or(0);
     let (Ok(rows), Ok(ncols)) = (u32::try_from(rows), i32::try_from(ncols)) else {
         bail!("{what}: {rows} rows of {ncols} are more than candle's kernel indexes (u32 rows, i32 columns)")
     };
@@ -173,8 +169,10 @@ impl CustomOp2 for RmsNorm {
                 // SAFETY: as above.
                 let mut dst = unsafe { dev.alloc::<f32>(n)? };
                 if n > 0 {
-                    kernels::rmsnorm_f32(&stream, &src, &mut dst, &alpha, r.rows, r.ncols, self.eps)
-                        .map_err(kopt_error)?;
+                    kernels::rmsnorm_f32(
+                        &stream, &src, &mut dst, &alpha, r.rows, r.ncols, self.eps,
+                    )
+                    .map_err(kopt_error)?;
                 }
                 CudaStorage::wrap_cuda_slice(dst, dev.clone())
             }

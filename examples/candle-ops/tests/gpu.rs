@@ -69,7 +69,10 @@ fn check_softmax(kernel: &kopt::Kernel, x: &Tensor, what: &str, device: &Device)
     let ncols = dims[dims.len() - 1];
     let why = ran(kernel, device, x.elem_count() / ncols, ncols);
     assert!(c.passed(), "{what} {dims:?}: {c}; {why}");
-    eprintln!("{what} {dims:?}: {:.3} of the allowance; {why}", c.worst_ratio);
+    eprintln!(
+        "{what} {dims:?}: {:.3} of the allowance; {why}",
+        c.worst_ratio
+    );
 }
 
 fn check_rms_norm(kernel: &kopt::Kernel, x: &Tensor, alpha: &Tensor, what: &str, device: &Device) {
@@ -81,7 +84,10 @@ fn check_rms_norm(kernel: &kopt::Kernel, x: &Tensor, alpha: &Tensor, what: &str,
     let ncols = dims[dims.len() - 1];
     let why = ran(kernel, device, x.elem_count() / ncols, ncols);
     assert!(c.passed(), "{what} {dims:?}: {c}; {why}");
-    eprintln!("{what} {dims:?}: {:.3} of the allowance; {why}", c.worst_ratio);
+    eprintln!(
+        "{what} {dims:?}: {:.3} of the allowance; {why}",
+        c.worst_ratio
+    );
 }
 
 /// Rows and columns off the declared ones, where the kernels take other paths: lengths
@@ -124,7 +130,13 @@ fn softmax_matches_candle_on_every_declared_shape_and_more() {
         let big = (normal(&[256, 4096], dtype, &device, 10) * 30.0).unwrap();
         check_softmax(kernel, &big, "inputs of N(0, 30)", &device);
         let mask: Vec<f32> = (0..64 * 64)
-            .map(|i| if i % 64 > i / 64 { f32::NEG_INFINITY } else { 0.0 })
+            .map(|i| {
+                if i % 64 > i / 64 {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
             .collect();
         let masked = normal(&[64, 64], dtype, &device, 11)
             .broadcast_add(
