@@ -26,7 +26,12 @@ step() { # step NAME SECONDS CMD...
 }
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KOPT_REQUIRE_GPU=1
-B="$ROOT/.gpu/candle-ops"
+# Staged compressed (scripts/candle-ops-stage.sh): unpacked outside the carried tree.
+B=/tmp/candle-ops-bin
+mkdir -p "$B"
+for f in "$ROOT"/.gpu/candle-ops/*.xz; do
+    xz -dc "$f" >"$B/$(basename "$f" .xz)" && chmod +x "$B/$(basename "$f" .xz)"
+done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$W/nvidia-smi.txt" 2>&1
 ldd "$B/candle-ops" >"$W/ldd.txt" 2>&1
 cd "$ROOT/examples/candle-ops"
