@@ -3,14 +3,26 @@
 
 /// Whether the CUDA driver library (`libcuda`) can be loaded.
 pub fn driver_present() -> bool {
+    // Linked, not loaded: the program would not have started without it.
+    #[cfg(feature = "temporary-cudarc-dynamic-linking")]
+    return true;
     // SAFETY: only tries to dlopen the library.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    #[cfg(not(feature = "temporary-cudarc-dynamic-linking"))]
+    unsafe {
+        cudarc::driver::sys::is_culib_present()
+    }
 }
 
 /// Whether the NVRTC library can be loaded.
 pub fn nvrtc_present() -> bool {
+    // Linked, not loaded: the program would not have started without it.
+    #[cfg(feature = "temporary-cudarc-dynamic-linking")]
+    return true;
     // SAFETY: only tries to dlopen the library.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+    #[cfg(not(feature = "temporary-cudarc-dynamic-linking"))]
+    unsafe {
+        cudarc::nvrtc::sys::is_culib_present()
+    }
 }
 
 /// What is missing for GPU work, in one line, or `None` when a GPU can be used.
