@@ -134,7 +134,13 @@ impl<'a> LoopEvaluator<'a> {
         if let Some(verdict) = self.refused(version) {
             return verdict;
         }
-        let job = eval::job(self.g, self.k, version.clone(), None, &self.settings, true);
+        let settings = self.settings.clone();
+        self.judge_now(version, &settings)
+    }
+
+    /// A job of `version` under `settings`, measured now, judged.
+    fn judge_now(&mut self, version: &KernelVersion, settings: &eval::Settings) -> Verdict {
+        let job = eval::job(self.g, self.k, version.clone(), None, settings, true);
         let ev = self.engine.evaluate_now(&job, &mut |_| {});
         self.judge.judge(&ev.report)
     }
@@ -147,9 +153,7 @@ impl<'a> LoopEvaluator<'a> {
             held_out_per_shape: 0,
             ..self.settings.clone()
         };
-        let job = eval::job(self.g, self.k, version.clone(), None, &settings, true);
-        let ev = self.engine.evaluate_now(&job, &mut |_| {});
-        self.judge.judge(&ev.report)
+        self.judge_now(version, &settings)
     }
 }
 
