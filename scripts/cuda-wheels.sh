@@ -19,9 +19,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$cuda" in
-  # CUDA 13.0, the H200 machine's toolkit. One root holds include/, include/cccl and lib/.
+  # CUDA 13.0, the H200 machine's toolkit. One root holds bin/, include/, include/cccl,
+  # lib/ and nvvm/. nvcc's wheel depends on NVVM's unpinned: pinned here, so that pip does
+  # not pull a newer one.
   13) pins="nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cuda-crt==13.0.88"
-      [ $nvcc = 1 ] && pins="$pins nvidia-cuda-nvcc==13.0.88"
+      [ $nvcc = 1 ] && pins="$pins nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88"
       sub=cu13 ;;
   # CUDA 12.9: each package has its own root under nvidia/.
   12) pins="nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 nvidia-cuda-cccl-cu12==12.9.27"
@@ -44,6 +46,9 @@ root="$(cd "$site/nvidia" && pwd)"
 if [ "$cuda" = 13 ]; then
   # CUDA_HOME alone: kopt finds include/ and include/cccl under it.
   home="$root/cu13"; include=""; lib="$home/lib"; bin="$home/bin"
+  # cudarc built with CUDA 12 bindings (CUDARC_CUDA_VERSION=12080) looks NVRTC up as
+  # libnvrtc.so or libnvrtc.so.12 only; the wheel ships libnvrtc.so.13.
+  [ -e "$lib/libnvrtc.so" ] || ln -s libnvrtc.so.13 "$lib/libnvrtc.so"
 else
   home="$root/cuda_runtime"
   include="$root/cuda_runtime/include:$root/cuda_nvrtc/include:$root/cuda_cccl/include"

@@ -12,6 +12,15 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The workspace's target folder: `CARGO_TARGET_DIR` where the tests were started with
+/// one, else the repository's `target/`. Tests that run cargo on another workspace give it
+/// a folder inside this one, so that its dependencies build once across tests and runs.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
 /// A temporary workspace holding a copy of `examples/llm-kernels`, depending on this
 /// repository's kopt crates by path and pinned by this repository's Cargo.lock.
 pub struct ExampleWorkspace {
@@ -36,7 +45,7 @@ resolver = "2"
 members = ["llm-kernels"]
 
 [workspace.dependencies]
-kopt = {{ path = "{}", package = "kopt-runtime" }}
+kopt = {{ path = "{}" }}
 rand = "0.9"
 rand_distr = "0.5"
 
@@ -46,7 +55,7 @@ debug = "line-tables-only"
 [profile.dev.package."*"]
 debug = false
 "#,
-                repo.join("crates/kopt-runtime").display()
+                repo.join("crates/kopt").display()
             ),
         )
         .unwrap();
@@ -135,10 +144,7 @@ debug = false
     /// `cargo <args>` in the workspace, offline, with a target folder of its own inside
     /// the repository's (so dependencies build once across tests and runs).
     pub fn cargo(&self, args: &[&str]) -> Output {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo_root().join("target"))
-            .join("kopt-e2e");
+        let target = target_dir().join("kopt-e2e");
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .args(args)
             .arg("--offline")
