@@ -67,6 +67,9 @@ root="$(cd "$site/nvidia" && pwd)"
 if [ "$cuda" = 13 ]; then
   # CUDA_HOME alone: kopt finds include/ and include/cccl under it.
   home="$root/cu13"; include=""; lib="$home/lib"; bin="$home/bin"
+  # cudarc built with CUDA 12 bindings (CUDARC_CUDA_VERSION=12080) looks NVRTC up as
+  # libnvrtc.so or libnvrtc.so.12 only; the wheel ships libnvrtc.so.13.
+  [ -e "$lib/libnvrtc.so" ] || ln -s libnvrtc.so.13 "$lib/libnvrtc.so"
 else
   home="$root/cuda_runtime"
   include="$root/cuda_runtime/include:$root/cuda_nvrtc/include:$root/cuda_cccl/include"

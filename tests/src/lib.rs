@@ -12,6 +12,55 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The workspace's target folder: `CARGO_TARGET_DIR` where the tests were started with
+/// one, else the repository's `target/`. Tests that run cargo on another workspace give it
+/// a folder inside this one, so that its dependencies build once across tests and runs.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
+/// `cargo check` of a workspace other than this one (a fixture crate, an example with its
+/// own workspace), as its user would run it, with `args` after `check` and `env` set. They
+/// all share `target/other-workspaces`, so that what they have in common (syn, serde,
+/// cudarc, kopt's own crates) builds once; without incremental caches or debug
+/// information, which would only take disk (CI has little). The CUDA version comes from
+/// the checked crate's own features, not from a `CUDARC_CUDA_VERSION` this test run was
+/// given for the workspace.
+pub fn cargo_check_other_workspace(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.arg("check")
+        .args(args)
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", target_dir().join("other-workspaces"))
+        .env("CARGO_INCREMENTAL", "0")
+        .env("CARGO_PROFILE_DEV_DEBUG", "false")
+        .env_remove("CUDARC_CUDA_VERSION");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("cargo runs")
+}
+
+/// Whether `nvcc` runs; when not, a failure under `KOPT_REQUIRE_NVCC=1`
+/// (`scripts/with-cuda-wheels` sets it and puts the wheels' nvcc on the PATH), else a skip
+/// said on stderr.
+pub fn nvcc_or_skip() -> bool {
+    let ok = Command::new("nvcc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        let why = "nvcc is not on the PATH (scripts/with-cuda-wheels puts the wheels' nvcc there)";
+        if std::env::var_os("KOPT_REQUIRE_NVCC").is_some_and(|v| v != "0") {
+            panic!("KOPT_REQUIRE_NVCC is set, but {why}");
+        }
+        eprintln!("skipped: {why}");
+    }
+    ok
+}
+
 /// A temporary workspace holding a copy of `examples/llm-kernels`, depending on this
 /// repository's kopt crates by path and pinned by this repository's Cargo.lock.
 pub struct ExampleWorkspace {
@@ -36,7 +85,7 @@ resolver = "2"
 members = ["llm-kernels"]
 
 [workspace.dependencies]
-kopt = {{ path = "{}", package = "kopt-runtime" }}
+kopt = {{ path = "{}" }}
 rand = "0.9"
 rand_distr = "0.5"
 
@@ -46,7 +95,7 @@ debug = "line-tables-only"
 [profile.dev.package."*"]
 debug = false
 "#,
-                repo.join("crates/kopt-runtime").display()
+                repo.join("crates/kopt").display()
             ),
         )
         .unwrap();
@@ -135,10 +184,7 @@ debug = false
     /// `cargo <args>` in the workspace, offline, with a target folder of its own inside
     /// the repository's (so dependencies build once across tests and runs).
     pub fn cargo(&self, args: &[&str]) -> Output {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo_root().join("target"))
-            .join("kopt-e2e");
+        let target = target_dir().join("kopt-e2e");
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .args(args)
             .arg("--offline")

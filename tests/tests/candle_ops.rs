@@ -329,30 +329,19 @@ fn kopt_check_passes_on_the_example() {
 
 /// `cargo check` of the example, as a user with the wheels would run it: candle-kernels'
 /// build script compiles candle's kernels with the wheels' nvcc (what takes most of the
-/// time), then every target of the example is checked against candle and kopt. Its own
-/// target folder under this workspace's, so that a second run is incremental; `--release`,
-/// the profile the example's binaries are built with, so that candle-kernels' build script
-/// (the same in both) runs once for both. From a cold folder it took 44 minutes on a
-/// shared 2-core machine.
+/// time), then every target of the example is checked against candle and kopt, in the
+/// folder other workspaces' checks share (`kopt_tests::cargo_check_other_workspace`).
 #[test]
 fn the_example_checks_with_the_wheels_nvcc() {
-    let nvcc = Command::new("nvcc").arg("--version").output();
-    if !nvcc.as_ref().is_ok_and(|o| o.status.success()) {
-        let why = "nvcc is not on the PATH (scripts/with-cuda-wheels puts the wheels' there: scripts/cuda-wheels.sh --nvcc)";
-        if std::env::var_os("KOPT_REQUIRE_NVRTC").is_some_and(|v| v != "0") {
-            panic!("KOPT_REQUIRE_NVRTC is set, but {why}");
-        }
-        eprintln!("skipped: {why}");
+    if !kopt_tests::nvcc_or_skip() {
         return;
     }
-    let out = Command::new(cargo())
-        .args(["check", "--release", "--locked", "--all-targets"])
-        .current_dir(example())
-        .env("CARGO_TARGET_DIR", repo_root().join("target/candle-ops"))
+    let out = kopt_tests::cargo_check_other_workspace(
+        &example(),
+        &["--locked", "--all-targets"],
         // No GPU to ask: the H200's architecture.
-        .env("CUDA_COMPUTE_CAP", "90")
-        .output()
-        .expect("cargo runs");
+        &[("CUDA_COMPUTE_CAP", Path::new("90"))],
+    );
     assert!(
         out.status.success(),
         "cargo check of examples/candle-ops failed:\n{}",

@@ -68,8 +68,9 @@ pub enum GatherError {
     UnknownPackage(String),
 }
 
-/// The names under which a crate can depend on kopt.
-const KOPT_CRATES: &[&str] = &["kopt-runtime", "kopt"];
+/// The package a crate depends on to use kopt (a dependency's `name` in `cargo metadata`
+/// is the package's, whatever the crate renames it to).
+const KOPT_PACKAGE: &str = "kopt";
 
 pub fn gather(sel: &Selection) -> Result<Gathered, GatherError> {
     let mut cmd = cargo_metadata::MetadataCommand::new();
@@ -99,8 +100,7 @@ pub fn gather(sel: &Selection) -> Result<Gathered, GatherError> {
             // A dev-dependency on kopt (test helpers, trybuild cases of invalid
             // annotations) does not make a crate's kernels part of the workspace's.
             p.dependencies.iter().any(|d| {
-                KOPT_CRATES.contains(&d.name.as_str())
-                    && d.kind != cargo_metadata::DependencyKind::Development
+                d.name == KOPT_PACKAGE && d.kind != cargo_metadata::DependencyKind::Development
             })
         })
         .collect();

@@ -238,12 +238,13 @@ enum Stop {
 }
 
 impl Stop {
-    fn driver(what: &str, e: DriverError) -> Stop {
-        let msg = format!("{what}: {e:?}");
-        if is_sticky(&e) {
-            Stop::Fault(msg)
-        } else {
-            Stop::Error(msg)
+    /// A driver's error (`DriverError`), or kopt's launch path's (which adds a driver too
+    /// old for a cluster launch).
+    fn driver(what: &str, e: impl Into<kopt::Error>) -> Stop {
+        match e.into() {
+            kopt::Error::Driver(e) if is_sticky(&e) => Stop::Fault(format!("{what}: {e:?}")),
+            kopt::Error::Driver(e) => Stop::Error(format!("{what}: {e:?}")),
+            other => Stop::Error(format!("{what}: {other}")),
         }
     }
 }
@@ -284,6 +285,9 @@ impl CudaBackend {
         if let Some(why) = kopt::gpu::missing() {
             return Err(why);
         }
+        // Timing reads CUDA events through the call these bindings make, which an older
+        // driver may not export (cudarc would panic at the first reading).
+        kopt::driver::require(kopt::driver::EVENT_TIMING).map_err(|e| e.to_string())?;
         let ctx =
             CudaContext::new(ordinal).map_err(|e| format!("cannot open GPU {ordinal}: {e:?}"))?;
         // One stream, explicit synchronisation: cudarc's per-buffer events are not needed
@@ -351,7 +355,10 @@ impl CudaBackend {
             let module = self
                 .ctx
                 .load_module(ptx)
-                .map_err(|e| format!("module load: {e:?}"))?;
+                .map_err(|e| match kopt::module_load_error("candidate", &v.id, e) {
+                    kopt::Error::Driver(e) => format!("module load: {e:?}"),
+                    clearer => format!("module load: {clearer}"),
+                })?;
             let f = module
                 .load_function(&symbol)
                 .map_err(|e| {
@@ -1454,7 +1461,7 @@ fn launch(
     f: &CudaFunction,
     g: &Geometry,
     p: &mut Params,
-) -> Result<(), DriverError> {
+) -> Result<(), kopt::Error> {
     let mut ptrs: Vec<*mut c_void> = p
         .cells
         .iter_mut()

@@ -3,25 +3,39 @@
 
 /// Whether the CUDA driver library (`libcuda`) can be loaded.
 pub fn driver_present() -> bool {
-    // Linked, not loaded: the program would not have started without it.
-    #[cfg(feature = "temporary-cudarc-dynamic-linking")]
-    return true;
-    // SAFETY: only tries to dlopen the library.
-    #[cfg(not(feature = "temporary-cudarc-dynamic-linking"))]
-    unsafe {
-        cudarc::driver::sys::is_culib_present()
-    }
+    probe::driver()
 }
 
 /// Whether the NVRTC library can be loaded.
 pub fn nvrtc_present() -> bool {
-    // Linked, not loaded: the program would not have started without it.
-    #[cfg(feature = "temporary-cudarc-dynamic-linking")]
-    return true;
-    // SAFETY: only tries to dlopen the library.
-    #[cfg(not(feature = "temporary-cudarc-dynamic-linking"))]
-    unsafe {
-        cudarc::nvrtc::sys::is_culib_present()
+    probe::nvrtc()
+}
+
+/// cudarc defines `sys::is_culib_present` only when it loads the library at run time
+/// (`dynamic-loading`, or `fallback-dynamic-loading` with no linking feature). A build
+/// that links it (`dynamic-linking`, `static-linking`) has it or would not have started,
+/// and kopt cannot name cudarc's features. So each probe glob-imports cudarc's `sys`
+/// inside its body, where a name the glob brings shadows the module's fallback of the
+/// same name, and the fallback (`true`) answers only when cudarc has no probe.
+mod probe {
+    pub(super) fn driver() -> bool {
+        #[allow(unused_imports)]
+        use cudarc::driver::sys::*;
+        // SAFETY: cudarc's probe only tries to dlopen the library; the fallback does nothing.
+        unsafe { is_culib_present() }
+    }
+
+    pub(super) fn nvrtc() -> bool {
+        #[allow(unused_imports)]
+        use cudarc::nvrtc::sys::*;
+        // SAFETY: as above.
+        unsafe { is_culib_present() }
+    }
+
+    /// The linked builds' answer (see the module's note).
+    #[allow(dead_code)]
+    unsafe fn is_culib_present() -> bool {
+        true
     }
 }
 

@@ -521,7 +521,9 @@ pub(crate) fn load(
     cc: (i32, i32),
 ) -> Result<CudaFunction, Error> {
     let compiled = compile_module(kernel, def.id, def.source, def.options, cc, Some(def.entry))?;
-    let module = ctx.load_module(compiled.ptx).map_err(Error::driver)?;
+    let module = ctx
+        .load_module(compiled.ptx)
+        .map_err(|e| module_load_error(kernel, def.id, e))?;
     let symbol = compiled.entry.as_deref().unwrap_or(def.entry);
     let f = module.load_function(symbol).map_err(|e| Error::NoEntry {
         kernel: kernel.to_string(),
@@ -534,6 +536,37 @@ pub(crate) fn load(
         .map_err(Error::driver)?;
     open_launch_limits(&f, optin, cc).map_err(Error::driver)?;
     Ok(f)
+}
+
+/// A module load's error. PTX that NVRTC wrote for a newer CUDA than the driver's is
+/// refused by the driver with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`; that one is told with
+/// both versions and the fix.
+pub fn module_load_error(kernel: &str, variant: &str, e: cudarc::driver::DriverError) -> Error {
+    let versions = || Some((nvrtc_version()?, crate::driver::driver_version().ok()?));
+    explain_module_load(kernel, variant, e, versions)
+}
+
+/// [`module_load_error`] with the versions given (`None`: unknown, the driver's error is
+/// kept), read only for a PTX version refusal.
+fn explain_module_load(
+    kernel: &str,
+    variant: &str,
+    e: cudarc::driver::DriverError,
+    versions: impl FnOnce() -> Option<((i32, i32), i32)>,
+) -> Error {
+    use cudarc::driver::sys::CUresult;
+    if e.0 != CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
+        return Error::driver(e);
+    }
+    match versions() {
+        Some(((major, minor), driver)) => Error::PtxNewerThanDriver {
+            kernel: kernel.to_string(),
+            variant: variant.to_string(),
+            nvrtc: format!("{major}.{minor}"),
+            driver: crate::driver::version_text(driver),
+        },
+        None => Error::driver(e),
+    }
 }
 
 /// Lets launches of `f` use what the device allows beyond the defaults, so that a variant
@@ -628,7 +661,11 @@ pub fn ptxas_entries(log: &str) -> Vec<CompiledEntry> {
 
 #[cfg(test)]
 mod tests {
+    use cudarc::driver::sys::CUresult;
+    use cudarc::driver::DriverError;
+
     use super::{compile_warnings, options_arch, ptxas_entries, warning_count};
+    use crate::Error;
 
     #[test]
     fn warnings_are_the_log_without_ptxas_info() {
@@ -680,6 +717,23 @@ ptxas warning : Registers are spilled to local memory in function 'k', 8 bytes s
             super::cuda_headers_version_in(&dirs).as_deref(),
             Some("13.0")
         );
+    }
+
+    #[test]
+    fn ptx_newer_than_the_driver_is_told_with_both_versions() {
+        let refused = DriverError(CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION);
+        let e = super::explain_module_load("softmax", "ref", refused, || Some(((13, 0), 12040)));
+        let text = e.to_string();
+        assert!(matches!(e, Error::PtxNewerThanDriver { .. }), "{e:?}");
+        assert!(text.contains("CUDA 12.4 driver"), "{text}");
+        assert!(text.contains("NVRTC 13.0"), "{text}");
+        assert!(text.contains("no newer than 12.4"), "{text}");
+        // Without the versions, or for another error, the driver's error stays.
+        let e = super::explain_module_load("softmax", "ref", refused, || None);
+        assert!(matches!(e, Error::Driver(_)), "{e:?}");
+        let other = DriverError(CUresult::CUDA_ERROR_INVALID_IMAGE);
+        let e = super::explain_module_load("softmax", "ref", other, || panic!("not asked"));
+        assert!(matches!(e, Error::Driver(_)), "{e:?}");
     }
 
     #[test]

@@ -172,7 +172,6 @@ impl Launch<'_> {
             stream.cu_stream(),
             params,
         )
-        .map_err(Error::driver)
     }
 }
 

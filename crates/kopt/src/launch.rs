@@ -5,11 +5,14 @@
 use std::ffi::c_void;
 
 use cudarc::driver::sys;
-use cudarc::driver::DriverError;
+
+use crate::driver::{self, LAUNCH_KERNEL_EX, MAX_ACTIVE_CLUSTERS};
+use crate::Error;
 
 /// Enqueues `function` on `stream`. A `cluster` other than `(1, 1, 1)` launches with the
 /// thread-block cluster dimension attribute (`cuLaunchKernelEx`, sm_90+); `(1, 1, 1)` is a
 /// plain launch, so a kernel compiled with `__cluster_dims__` keeps its own clusters.
+/// A cluster launch on a driver without `cuLaunchKernelEx` is [`Error::DriverTooOld`].
 ///
 /// # Safety
 /// `params` must point to the kernel's arguments, in order and of the right types, valid
@@ -23,19 +26,24 @@ pub unsafe fn launch_kernel(
     smem: u32,
     stream: sys::CUstream,
     params: &mut [*mut c_void],
-) -> Result<(), DriverError> {
+) -> Result<(), Error> {
     if cluster == (1, 1, 1) {
-        return cudarc::driver::result::launch_kernel(function, grid, block, smem, stream, params);
+        return cudarc::driver::result::launch_kernel(function, grid, block, smem, stream, params)
+            .map_err(Error::driver);
     }
+    driver::require(LAUNCH_KERNEL_EX)?;
     let mut attr = cluster_attribute(cluster);
     let config = launch_config(grid, block, smem, stream, &mut attr);
-    sys::cuLaunchKernelEx(&config, function, params.as_mut_ptr(), std::ptr::null_mut()).result()
+    sys::cuLaunchKernelEx(&config, function, params.as_mut_ptr(), std::ptr::null_mut())
+        .result()
+        .map_err(Error::driver)
 }
 
 /// How many clusters of `cluster` blocks of `function`, each of `block` threads and `smem`
 /// bytes of dynamic shared memory, the device holds at once (`cuOccupancyMaxActiveClusters`):
 /// a grid of more clusters runs in several waves of them. Which SMs can host a cluster
-/// depends on the chip's GPCs, so this is the driver's figure, not a division.
+/// depends on the chip's GPCs, so this is the driver's figure, not a division. A driver
+/// without `cuOccupancyMaxActiveClusters` is [`Error::DriverTooOld`].
 ///
 /// # Safety
 /// `function` must belong to the current context.
@@ -45,11 +53,14 @@ pub unsafe fn max_active_clusters(
     block: (u32, u32, u32),
     cluster: (u32, u32, u32),
     smem: u32,
-) -> Result<u32, DriverError> {
+) -> Result<u32, Error> {
+    driver::require(MAX_ACTIVE_CLUSTERS)?;
     let mut attr = cluster_attribute(cluster);
     let config = launch_config(grid, block, smem, std::ptr::null_mut(), &mut attr);
     let mut n: std::ffi::c_int = 0;
-    sys::cuOccupancyMaxActiveClusters(&mut n, function, &config).result()?;
+    sys::cuOccupancyMaxActiveClusters(&mut n, function, &config)
+        .result()
+        .map_err(Error::driver)?;
     Ok(n.max(0) as u32)
 }
 

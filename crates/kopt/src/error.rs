@@ -56,10 +56,27 @@ pub enum Error {
     },
     #[error("NVRTC (libnvrtc.so) could not be loaded: install the CUDA toolkit's NVRTC, or add its folder to LD_LIBRARY_PATH")]
     NoNvrtc,
+    #[error("no CUDA driver found (libcuda could not be loaded): kopt needs an NVIDIA GPU with its driver for this")]
+    NoDriver,
+    #[error("{purpose} needs `{call}`, which CUDA drivers before {needed} lack; this machine's driver is CUDA {found}: update the NVIDIA driver{alternative}")]
+    DriverTooOld {
+        call: &'static str,
+        purpose: &'static str,
+        needed: String,
+        found: String,
+        alternative: &'static str,
+    },
+    #[error("`{kernel}`: the CUDA {driver} driver cannot load the PTX NVRTC {nvrtc} compiled for `{variant}` (PTX is loadable only by drivers at least as new as the compiler): put an NVRTC no newer than {driver} first on LD_LIBRARY_PATH, or update the NVIDIA driver")]
+    PtxNewerThanDriver {
+        kernel: String,
+        variant: String,
+        nvrtc: String,
+        driver: String,
+    },
     #[error("`{kernel}` was used from more than {max} CUDA contexts")]
     TooManyContexts { kernel: &'static str, max: usize },
     #[error("CUDA driver error: {0}")]
-    Driver(#[source] cudarc::driver::DriverError),
+    Driver(#[from] cudarc::driver::DriverError),
 }
 
 impl Error {
