@@ -12,11 +12,15 @@ here="$(cd "$(dirname "$0")" && pwd)"
 agents="$here/../examples/llm-kernels/agents"
 work="$(mktemp -d)"
 cp "$here"/emulate-candidates/* "$work/"
-python3 - "$agents" "$work" <<'PY'
+python3 - "$agents" "$work" "$here" <<'PY'
 import re, sys
 agents, work = sys.argv[1], sys.argv[2]
-def conv(name, out, gemm=False, gqa=False, dyn_smem=False, block_shared=False):
-    s = open(f"{agents}/{name}").read()
+sys.path.insert(0, sys.argv[3])
+from scripted_agent import resolved_set
+def source(kernel, i=0):
+    """The source of proposals[i] of the kernel's proposal file, as the agent answers it."""
+    return resolved_set(f"{agents}/{kernel}.proposal.json")["proposals"][i]["candidate"]["source"]
+def conv(s, out, gemm=False, gqa=False, dyn_smem=False, block_shared=False):
     s = s.replace('#include <cuda_fp16.h>', '#include "emu.h"').replace('extern "C" __global__', '')
     s = re.sub(r'asm volatile\("st.global.cs.v4.u32.*?: "memory"\);', '*p = v;', s, flags=re.S)
     if block_shared:
@@ -34,15 +38,15 @@ def conv(name, out, gemm=False, gqa=False, dyn_smem=False, block_shared=False):
         s = s.replace('extern __shared__ __align__(128) unsigned char smem[];', 'unsigned char* smem = g_dyn_smem;')
         s = s.replace('return *reinterpret_cast<const unsigned int*>(&h);', 'unsigned int r; memcpy(&r, &h, 4); return r;')
     open(f"{work}/{out}", "w").write(s)
-conv('gqa_decode.cu', 'gqa.cpp', gqa=True)
-conv('gqa_decode_pipe.cu', 'gqa_pipe.cpp', gqa=True, dyn_smem=True, block_shared=True)
-conv('layer_norm.cu', 'ln.cpp')
-conv('silu_mul.cu', 'silu.cpp')
-conv('transpose.cu', 'tr.cpp')
-conv('gemm.cu', 'gemm.cpp', gemm=True)
-conv('rmsnorm.cu', 'rms.cpp')
+conv(source('gqa_decode'), 'gqa.cpp', gqa=True)
+conv(source('gqa_decode', 1), 'gqa_pipe.cpp', gqa=True, dyn_smem=True, block_shared=True)
+conv(source('layer_norm'), 'ln.cpp')
+conv(source('silu_mul'), 'silu.cpp')
+conv(source('transpose'), 'tr.cpp')
+conv(source('gemm'), 'gemm.cpp', gemm=True)
+conv(source('rmsnorm'), 'rms.cpp')
 # softmax: the cluster helpers are PTX; the emulated shapes never reach the cluster mode.
-s = open(f"{agents}/softmax.cu").read().replace('extern "C" __global__', '')
+s = source("softmax").replace('extern "C" __global__', '')
 s = re.sub(r'__device__ __forceinline__ unsigned int cluster_rank.*?\n}\n\n(?=// One warp per row)', '', s, flags=re.S)
 s = s.replace('__device__ __forceinline__ void warp_merge', '''unsigned cluster_rank() { abort(); }
 unsigned cluster_blocks() { abort(); }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# No GPU needed: runs examples/candle-ops' hand-written candidates (agents/softmax.cu and
-# agents/rmsnorm.cu, bf16 and f32) in the CPU emulation of scripts/emulate-candidates/emu.h
-# (one thread per CUDA thread, __syncthreads and warp shuffles emulated; bf16 in
+# No GPU needed: runs examples/candle-ops' hand-written candidates (the softmax and
+# rmsnorm sources of agents/*_f32.proposal.json, which the bf16 ones share) in the CPU
+# emulation of scripts/emulate-candidates/emu.h (one thread per CUDA thread, __syncthreads and warp shuffles emulated; bf16 in
 # emulate-candidates/bf16_emu.h) with their proposals' launch rules, and compares them with
 # a CPU model of candle's own arithmetic (reduce.cu's softmax and rmsnorm) on tails, odd
 # shapes, several rows a block, rows longer than the registers hold and misaligned views,
@@ -16,7 +16,7 @@ trap 'rm -rf "$work"' EXIT
 cp "$here"/emulate-candidates/emu.h "$here"/emulate-candidates/bf16_emu.h "$here"/emulate-candidates/candle_test.cpp "$work/"
 for k in softmax rmsnorm; do
     sed -e 's|#include <cuda_bf16.h>|#include "bf16_emu.h"|' -e 's|extern "C" __global__||' \
-        "$agents/$k.cu" >"$work/$k.cpp"
+        <(python3 "$here/scripted_agent.py" source "$agents/${k}_f32.proposal.json" 0) >"$work/$k.cpp"
 done
 cd "$work"
 # The candidates reinterpret registers as vectors of bf16, as CUDA code does; in host C++

@@ -61,6 +61,41 @@ pub fn nvcc_or_skip() -> bool {
     ok
 }
 
+/// What the scripted agent of `agents_dir` (`examples/*/agents/scripted-agent.sh`) answers
+/// the loop for `kernel`: the text of its proposal, every candidate's source written out
+/// from the file it points at (`scripts/scripted_agent.py`). Panics with the agent's stderr
+/// when it fails.
+pub fn scripted_answer(agents_dir: &Path, kernel: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new(agents_dir.join("scripted-agent.sh"))
+        .env_remove("KOPT_PROPOSALS")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the scripted agent starts (it needs python3)");
+    let request = format!("# Kernel `{kernel}`\n\nAnswer with a proposal.\n");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}/scripted-agent.sh for {kernel}: {}",
+        agents_dir.display(),
+        text(&out)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("the scripted agent's answer is not JSON ({e}): {}", text(&out)));
+    answer["text"]
+        .as_str()
+        .expect("the answer's text")
+        .to_string()
+}
+
 /// A temporary workspace holding a copy of `examples/llm-kernels`, depending on this
 /// repository's kopt crates by path and pinned by this repository's Cargo.lock.
 pub struct ExampleWorkspace {

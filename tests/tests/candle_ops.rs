@@ -4,18 +4,15 @@
 //!   Cargo.lock pins (found through `cargo metadata` of the example), so that "candle's
 //!   kernels" stays true when either side changes;
 //! - the hand-written candidates that `agents/scripted-agent.sh` feeds to `cargo kopt
-//!   optimize` are proposals the loop accepts (kopt_agent::proposal::parse), their sources
-//!   are the reviewable files beside them, and their launch rules give every declared and
-//!   held-out shape a geometry the kernels are written for (whole warps, each row once);
+//!   optimize` (each source written out from the accepted variant it points at) are
+//!   proposals the loop accepts (kopt_agent::proposal::parse), and their launch rules give
+//!   every declared and held-out shape a geometry the kernels are written for (whole warps, each row once);
 //! - each candidate and each reference compiles with NVRTC for sm_90, with its entry in
 //!   the module and without spills (with the wheels' NVRTC, as CI has it);
 //! - `cargo kopt check` passes on it (its committed files, and the compile fence over its
 //!   references and accepted variants);
 //! - the example builds: `cargo check` of it with the wheels' nvcc (candle-kernels' build
 //!   script compiles its kernels with it).
-//!
-//! `KOPT_REGENERATE=1 cargo test -p kopt-tests --test candle_ops` copies each candidate
-//! file into its proposal.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -107,34 +104,11 @@ fn kernels() -> Vec<cargo_kopt::gather::Kernel> {
     g.kernels
 }
 
-/// The reviewable source of `kernel`'s proposal: one file per op, serving its dtypes.
-fn candidate_file(kernel: &str) -> PathBuf {
-    let op = kernel.split('_').next().unwrap();
-    example().join("agents").join(format!("{op}.cu"))
-}
-
-/// The proposal of `kernel`, its source checked against (or, with KOPT_REGENERATE=1,
-/// copied from) the candidate file.
+/// What the example's scripted agent answers the loop for `kernel`: its one proposal.
 fn proposal_text(kernel: &str) -> String {
-    let json = example().join(format!("agents/{kernel}.proposal.json"));
-    let text = std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{}: {e}", json.display()));
-    let cu = std::fs::read_to_string(candidate_file(kernel)).unwrap();
-    let mut set: ProposalSet = serde_json::from_str(&text).unwrap();
-    if std::env::var_os("KOPT_REGENERATE").is_some_and(|v| v == "1") {
-        for p in &mut set.proposals {
-            p.candidate.source = Some(cu.clone());
-        }
-        let out = serde_json::to_string_pretty(&set).unwrap() + "\n";
-        kopt_spec::files::write_atomic(&json, out.as_bytes()).unwrap();
-        return out;
-    }
+    let text = kopt_tests::scripted_answer(&example().join("agents"), kernel);
+    let set: ProposalSet = serde_json::from_str(&text).unwrap();
     assert_eq!(set.proposals.len(), 1, "{kernel}: one candidate");
-    assert_eq!(
-        set.proposals[0].candidate.source.as_deref(),
-        Some(cu.as_str()),
-        "{kernel}.proposal.json's source differs from {} (KOPT_REGENERATE=1 copies it)",
-        candidate_file(kernel).display()
-    );
     text
 }
 

@@ -1,14 +1,12 @@
 //! The hand-written candidates that `examples/llm-kernels/agents/scripted-agent.sh` feeds
 //! to `cargo kopt optimize --agent cmd:...` are checked here without a GPU: each proposal
-//! passes the validation the loop applies to a model's reply (kopt_agent::proposal::parse),
-//! its source is the reviewable file next to it (`agents/<kernel>.cu` for `proposals[0]`,
-//! the files of [`MORE_CANDIDATES`] for the next ones), and its launch rule gives
+//! passes the validation the loop applies to a model's reply (kopt_agent::proposal::parse)
+//! as the agent answers it (each source written out from the file it points at: an accepted
+//! variant, a patch of one, or a kernel of `agents/`), and its launch rule gives
 //! a geometry the kernel can run on every declared shape and on every held-out shape the
 //! engine can draw (the invariants the kernels compile in: the cluster size divides the
 //! grid, and the GQA kernel's split scratch is never overrun).
-//!
-//! `KOPT_REGENERATE=1 cargo test -p kopt-tests --test scripted_proposals` copies each
-//! candidate file into its proposal.
+//! No file of `agents/` is a copy of an accepted variant.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,32 +18,24 @@ use kopt_tests::repo_root;
 
 const CLUSTER_ATTR: &str = "__cluster_dims__(";
 
-/// Kernels whose proposal file holds more than one candidate: the sources of
-/// `proposals[1..]`, in order, in `agents/` (`proposals[0]` is always `<kernel>.cu`).
-const MORE_CANDIDATES: &[(&str, &[&str])] = &[
-    ("gemm", &["gemm_wgmma.cu"]),
+/// The candidates of each proposal file, in order, where there are several.
+const CANDIDATES: &[(&str, usize)] = &[
+    // The register-tiled kernel of agents/gemm.cu, then the accepted wgmma variant.
+    ("gemm", 2),
     // The same kernel with other block orders (`ORDER`), for the loop to measure.
-    ("transpose", &["transpose.cu", "transpose.cu"]),
+    ("transpose", 3),
     // The same kernel on the 2-D grid instead of the flat one (`FLAT`).
-    ("silu_mul", &["silu_mul.cu"]),
+    ("silu_mul", 2),
     // The same kernel with the accepted block size of the split mode (`SPLIT_CACHE`).
-    ("softmax", &["softmax.cu"]),
-    // K and V through a per-warp cp.async shared-memory ring.
-    ("gqa_decode", &["gqa_decode_pipe.cu"]),
+    ("softmax", 2),
+    // Register loads (agents/gqa_decode.cu), then K and V through a per-warp cp.async
+    // shared-memory ring (a patch of the accepted variant).
+    ("gqa_decode", 2),
 ];
 
 /// The most dynamic shared memory one block may have on the GPUs kopt targets (sm_90:
 /// 227 KB).
 const MAX_DYNAMIC_SMEM: i64 = 227 * 1024;
-
-/// The reviewable source file of each proposal of `kernel`'s proposal file, in order.
-fn candidate_files(kernel: &str) -> Vec<String> {
-    let mut files = vec![format!("{kernel}.cu")];
-    if let Some((_, more)) = MORE_CANDIDATES.iter().find(|(k, _)| *k == kernel) {
-        files.extend(more.iter().map(|f| f.to_string()));
-    }
-    files
-}
 
 fn agents_dir() -> std::path::PathBuf {
     repo_root().join("examples/llm-kernels/agents")
@@ -253,47 +243,16 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
         if !json_path.is_file() {
             continue;
         }
-        let text = std::fs::read_to_string(&json_path).unwrap();
-        let files = candidate_files(name);
-        let sources: Vec<String> = files
+        let text = kopt_tests::scripted_answer(&agents_dir(), name);
+        let set: ProposalSet = serde_json::from_str(&text).unwrap();
+        let expected = CANDIDATES
             .iter()
-            .map(|f| {
-                std::fs::read_to_string(agents_dir().join(f))
-                    .unwrap_or_else(|e| panic!("agents/{f}, a proposal's reviewable source: {e}"))
-            })
-            .collect();
-        let mut set: ProposalSet = serde_json::from_str(&text).unwrap();
-        if std::env::var_os("KOPT_REGENERATE").is_some_and(|v| v == "1") {
-            for (p, cu) in set.proposals.iter_mut().zip(&sources) {
-                p.candidate.source = Some(cu.clone());
-            }
-            let json = serde_json::to_string_pretty(&set).unwrap() + "\n";
-            kopt_spec::files::write_atomic(Path::new(&json_path), json.as_bytes()).unwrap();
-        }
-        assert_eq!(
-            set.proposals.len(),
-            files.len(),
-            "{name}: one candidate per source file ({files:?})"
-        );
-        for (i, (p, (file, cu))) in set
-            .proposals
-            .iter()
-            .zip(files.iter().zip(&sources))
-            .enumerate()
-        {
-            assert_eq!(
-                p.candidate.source.as_deref(),
-                Some(cu.as_str()),
-                "{name}.proposal.json's proposals[{i}] source differs from agents/{file} (KOPT_REGENERATE=1 copies it)"
-            );
-        }
+            .find(|(k, _)| k == name)
+            .map_or(1, |(_, n)| *n);
+        assert_eq!(set.proposals.len(), expected, "{name}: its candidates");
         let resolved = proposal::parse(&text, &k.spec, &k.reference.text)
             .unwrap_or_else(|e| panic!("{name}: {e:?}"));
-        assert_eq!(
-            resolved.len(),
-            files.len(),
-            "{name}: every proposal resolves"
-        );
+        assert_eq!(resolved.len(), expected, "{name}: every proposal resolves");
         for r in &resolved {
             check_launchable(&k.spec, name, &r.proposal, &r.source);
         }
@@ -334,4 +293,118 @@ fn cluster_sizes_and_defines_are_read_from_the_source() {
     let src = "#define HEADS 8\n#define MAX_PARTIALS (1024 * HEADS)\n#define BAD (HEADS + 1)";
     assert_eq!(define(src, "MAX_PARTIALS"), Some(8192));
     assert_eq!(define(src, "BAD"), None);
+}
+
+/// The scripted agents keep pointers and patches, not copies: no file under either
+/// example's `agents/` has the bytes of an accepted variant's `kernel.cu`.
+#[test]
+fn no_agents_file_is_a_copy_of_an_accepted_variant() {
+    fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    for example in ["llm-kernels", "candle-ops"] {
+        let root = repo_root().join("examples").join(example);
+        let mut accepted = Vec::new();
+        files(&root.join("kopt"), &mut accepted);
+        let accepted: Vec<(std::path::PathBuf, Vec<u8>)> = accepted
+            .into_iter()
+            .filter(|p| p.file_name().is_some_and(|n| n == "kernel.cu"))
+            .map(|p| {
+                let bytes = std::fs::read(&p).unwrap();
+                (p, bytes)
+            })
+            .collect();
+        assert!(!accepted.is_empty(), "{example} has accepted variants");
+        let mut agents = Vec::new();
+        files(&root.join("agents"), &mut agents);
+        for f in agents {
+            let bytes = std::fs::read(&f).unwrap();
+            if let Some((v, _)) = accepted.iter().find(|(_, b)| *b == bytes) {
+                panic!(
+                    "{} is a copy of {}: point the proposal at it (\"source_file\") instead",
+                    f.display(),
+                    v.display()
+                );
+            }
+        }
+    }
+}
+
+/// A proposal whose patch no longer fits its base, or whose source file is missing, is
+/// refused by the agent with the file and the fix, not answered with a wrong source.
+#[test]
+fn the_scripted_agent_refuses_a_stale_patch_and_a_missing_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("base.cu"), "a\nb\nc\n").unwrap();
+    std::fs::write(
+        d.join("k.patch"),
+        "--- base.cu\n+++ k.cu\n@@ -1,3 +1,3 @@\n a\n-x\n+y\n c\n",
+    )
+    .unwrap();
+    let proposal = |candidate: serde_json::Value| {
+        serde_json::json!({ "proposals": [{ "candidate": candidate }] }).to_string()
+    };
+    let agent = repo_root().join("scripts/scripted_agent.py");
+    let answer = |kernel: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new("python3")
+            .arg(&agent)
+            .arg("answer")
+            .arg(d)
+            .env_remove("KOPT_PROPOSALS")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let request = format!("# Kernel `{kernel}`\n");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(request.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    std::fs::write(
+        d.join("stale.proposal.json"),
+        proposal(serde_json::json!({ "source_file": "base.cu", "source_patch": "k.patch" })),
+    )
+    .unwrap();
+    let out = answer("stale");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("k.patch: line 2 of the base is 'b', the patch expects 'x'")
+            && err.contains("make the patch again with diff -u"),
+        "{err}"
+    );
+    std::fs::write(
+        d.join("missing.proposal.json"),
+        proposal(serde_json::json!({ "source_file": "gone.cu" })),
+    )
+    .unwrap();
+    let out = answer("missing");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("missing.proposal.json proposals[0]: source_file gone.cu"),
+        "{err}"
+    );
+    // The same patch over the base it was made from applies.
+    std::fs::write(d.join("base.cu"), "a\nx\nc\n").unwrap();
+    let out = answer("stale");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let set: serde_json::Value = serde_json::from_str(text["text"].as_str().unwrap()).unwrap();
+    assert_eq!(set["proposals"][0]["candidate"]["source"], "a\ny\nc\n");
+    assert!(set["proposals"][0]["candidate"].get("source_file").is_none());
 }
