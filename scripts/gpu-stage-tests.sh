@@ -70,7 +70,7 @@ for b in "$out"/bin/* "$out"/tests/*-test; do
   strip "$b" 2>/dev/null || true
   xz -T2 -6 -f "$b"
 done
-echo "${bindings:-13000 (cargo-kopt's default feature)}" > "$out/cuda-bindings"
+if [ -n "$bindings" ]; then echo "$bindings" > "$out/cuda-bindings"; else echo "13000 (the default feature of cargo-kopt)" > "$out/cuda-bindings"; fi
 echo "staged in $out:"
 ls -l "$out/bin" "$out/tests" | grep -v '\.dir$'
 du -sh "$root/.gpu"

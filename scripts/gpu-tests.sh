@@ -8,7 +8,8 @@
 #
 # --staged takes a folder of scripts/gpu-stage-tests.sh (compressed test binaries and the
 # cargo-kopt they start as the worker, put first on the PATH). Other arguments go to each
-# test binary. Each binary has 400 s.
+# test binary. Each binary has 400 s. KOPT_GPU_TESTS="gpu_numerics-test mcp-test" runs
+# those binaries only, in that order (the quick ones first when device time is short).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; here="$(pwd)"; fail=0
 tests=.gpu/tests; log="$OUT/gpu-tests.log"
@@ -23,7 +24,12 @@ if [ "${1:-}" = "--staged" ]; then
 else
   : > "$log"
 fi
-for t in "$tests"/*; do
+if [ -n "${KOPT_GPU_TESTS:-}" ]; then
+  order=(); for n in $KOPT_GPU_TESTS; do order+=("$tests/$n"); done
+else
+  order=("$tests"/*)
+fi
+for t in "${order[@]}"; do
   case "$t" in *.dir) continue ;; esac
   n=$("$t" --list --ignored 2>/dev/null | grep -c ': test$' || true)
   [ "$n" = 0 ] && continue
