@@ -13,8 +13,8 @@ use kopt_store::pending::PendingVariant;
 use kopt_store::review::{self, DiffLine, ReviewItem};
 use serde::Serialize;
 
-use crate::gather::Gathered;
-use crate::store::{self, describe_replaced, kernel_of};
+use kopt_workspace::gather::Gathered;
+use kopt_workspace::store::{self, describe_replaced, kernel_of};
 
 /// Diff lines shown before `d` is pressed.
 pub const DIFF_PREVIEW_LINES: usize = 60;
@@ -218,7 +218,7 @@ pub fn run(
 fn record(
     summary: &mut ReviewSummary,
     g: &Gathered,
-    k: &crate::gather::Kernel,
+    k: &kopt_workspace::gather::Kernel,
     p: &PendingVariant,
     status: Status,
     lib: &mut CaseLibrary,

@@ -10,11 +10,11 @@ use anstyle::Style;
 use clap::{Args, Subcommand};
 use kopt_store::cases::{self, CaseLibrary, Query, Status};
 
-use crate::commands;
-use crate::gather::Gathered;
 use crate::review::{self, LineKeys, TerminalKeys};
-use crate::store::{self, StoreCmdError};
 use crate::table::Table;
+use kopt_workspace::commands;
+use kopt_workspace::gather::Gathered;
+use kopt_workspace::store::{self, StoreCmdError};
 
 /// `--cases PATH`.
 #[derive(Args, Debug, Clone, Default)]

@@ -17,7 +17,7 @@ use kopt_spec::spec::Shape;
 use kopt_spec::store::{self, UsableVariant};
 use serde::Serialize;
 
-use crate::gather::{Gathered, Kernel};
+use kopt_workspace::gather::{Gathered, Kernel};
 
 /// Knobs shared by `verify` and `bench`.
 #[derive(Debug, Clone)]

@@ -21,9 +21,9 @@ use kopt_store::journal::{Event, Journal};
 use kopt_store::KoptDir;
 use serde::Serialize;
 
-use crate::commands;
 use crate::eval::{self, Settings};
-use crate::gather::Gathered;
+use kopt_workspace::commands;
+use kopt_workspace::gather::Gathered;
 
 /// What `cargo kopt profile` was asked.
 #[derive(Debug, Clone, Default)]

@@ -1,0 +1,70 @@
+//! `cargo kopt report`: the HTML report written.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use kopt_workspace::gather::Gathered;
+
+use super::print_json;
+
+#[derive(Args)]
+pub struct ReportArgs {
+    /// The JSON of `cargo kopt bench --message-format json`.
+    #[arg(long, value_name = "FILE")]
+    pub bench: Option<PathBuf>,
+    /// A file written by `cargo kopt search-bench KERNEL --json-out FILE` (repeat for
+    /// several kernels).
+    #[arg(long = "search-bench", value_name = "FILE")]
+    pub search_bench: Vec<PathBuf>,
+    /// A pending root holding <package>/<kernel>/<arch>/ folders (default: the
+    /// workspace's <target>/kopt/pending).
+    #[arg(long, value_name = "DIR")]
+    pub pending: Option<PathBuf>,
+    /// The report's title.
+    #[arg(long)]
+    pub title: Option<String>,
+    /// A date or note shown as when the report was generated (no clock is read, so
+    /// the same inputs give the same file).
+    #[arg(long, value_name = "TEXT")]
+    pub generated: Option<String>,
+    /// Where to write the HTML (default: <target>/kopt/report.html).
+    #[arg(short = 'o', long = "out", value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+pub fn run(a: ReportArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
+    let ReportArgs {
+        bench,
+        search_bench,
+        pending,
+        title,
+        generated,
+        out,
+    } = a;
+    let options = kopt_workspace::report::Options {
+        bench,
+        search_bench,
+        pending,
+        title,
+        generated,
+    };
+    let report = kopt_workspace::report::build(&gathered, &options)?;
+    let out = out.unwrap_or_else(|| gathered.target_dir.join("kopt/report.html"));
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    std::fs::write(&out, kopt_report::render(&report))
+        .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    let gaps = kopt_report::gaps(&report);
+    if json {
+        print_json(&serde_json::json!({ "path": out, "empty": gaps }));
+    } else {
+        println!("wrote {}", out.display());
+        for g in &gaps {
+            println!("  empty: {g}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

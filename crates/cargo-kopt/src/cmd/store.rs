@@ -1,0 +1,123 @@
+//! The store commands: `pending`, `review`, `accept`, `reject`, `merge`, `cases`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use cargo_kopt::store_cli;
+use clap::Args;
+use kopt_workspace::gather::Gathered;
+
+#[derive(Args)]
+pub struct ReviewArgs {
+    /// Only this kernel's pending variants.
+    pub kernel: Option<String>,
+    /// Only this architecture's.
+    #[arg(long)]
+    pub arch: Option<String>,
+    #[command(flatten)]
+    pub cases: store_cli::CaseRecording,
+}
+
+#[derive(Args)]
+pub struct AcceptArgs {
+    pub kernel: Option<String>,
+    /// Only this architecture's.
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Every pending variant selected (of KERNEL, or of the workspace).
+    #[arg(long)]
+    pub all: bool,
+    /// Accept under another variant name (when its own is taken).
+    #[arg(long = "as", value_name = "NAME")]
+    pub rename: Option<String>,
+    #[command(flatten)]
+    pub cases: store_cli::CaseRecording,
+}
+
+#[derive(Args)]
+pub struct RejectArgs {
+    pub kernel: Option<String>,
+    /// Only this architecture's.
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Every pending variant selected.
+    #[arg(long)]
+    pub all: bool,
+    /// Why, for the run's journal.
+    #[arg(long)]
+    pub reason: Option<String>,
+    #[command(flatten)]
+    pub cases: store_cli::CaseRecording,
+}
+
+#[derive(Args)]
+pub struct MergeArgs {
+    #[arg(required = true, value_name = "DIR")]
+    pub dirs: Vec<PathBuf>,
+    #[command(flatten)]
+    pub cases: store_cli::CaseRecording,
+}
+
+#[derive(Args)]
+pub struct CasesArgs {
+    #[command(flatten)]
+    pub library: store_cli::CasesPath,
+    #[command(subcommand)]
+    pub command: store_cli::CasesCommand,
+}
+
+pub fn pending(gathered: Gathered, json: bool) -> Result<ExitCode, String> {
+    Ok(store_cli::pending(&gathered, json))
+}
+
+pub fn review(a: ReviewArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
+    let ReviewArgs {
+        kernel,
+        arch,
+        cases,
+    } = a;
+    store_cli::review(&gathered, kernel.as_deref(), arch.as_deref(), &cases, json)
+}
+
+pub fn accept(a: AcceptArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
+    let AcceptArgs {
+        kernel,
+        arch,
+        all,
+        rename,
+        cases,
+    } = a;
+    store_cli::accept(
+        &gathered,
+        kernel.as_deref(),
+        arch.as_deref(),
+        all,
+        rename.as_deref(),
+        &cases,
+        json,
+    )
+}
+
+pub fn reject(a: RejectArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
+    let RejectArgs {
+        kernel,
+        arch,
+        all,
+        reason,
+        cases,
+    } = a;
+    store_cli::reject(
+        &gathered,
+        kernel.as_deref(),
+        arch.as_deref(),
+        all,
+        reason.as_deref(),
+        &cases,
+        json,
+    )
+}
+
+pub fn merge(a: MergeArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
+    let MergeArgs { dirs, cases } = a;
+    store_cli::merge(&gathered, &dirs, &cases, json)
+}
