@@ -13,6 +13,7 @@ use kopt_store::pending::PendingVariant;
 use kopt_store::review::{self, DiffLine, ReviewItem};
 use serde::Serialize;
 
+use crate::style::{bold, cyan, dim, green, yellow};
 use kopt_workspace::gather::Gathered;
 use kopt_workspace::store::{self, describe_replaced, kernel_of};
 
@@ -68,23 +69,9 @@ pub struct ReviewSummary {
     pub quit: bool,
 }
 
-fn bold() -> Style {
-    Style::new().bold()
-}
-fn green() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Green.into()))
-}
+/// Not bold, unlike `style::red`: a refusal in the review is not the command's error.
 fn red() -> Style {
     Style::new().fg_color(Some(AnsiColor::Red.into()))
-}
-fn yellow() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Yellow.into()))
-}
-fn cyan() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Cyan.into()))
-}
-fn dim() -> Style {
-    Style::new().dimmed()
 }
 
 /// Reviews the pending variants `chosen`, reading keys from `keys` and writing to `out`

@@ -108,6 +108,26 @@ pub fn pool(
     Ok(DevicePool::new(engines))
 }
 
+/// Every GPU with its ceilings (`cargo kopt devices`): measured again with `refresh`, else
+/// the cached ones.
+pub fn devices(g: &Gathered, refresh: bool) -> Result<Vec<(DeviceInfo, Ceilings)>, String> {
+    let settings = Settings::default();
+    let mut list = Vec::new();
+    for d in 0..device_count()? {
+        let mut engine = engine(
+            g,
+            &Settings {
+                device: d,
+                ..settings.clone()
+            },
+        )?;
+        let info = engine.device().map_err(|e| e.to_string())?;
+        let c = engine.ceilings(refresh).map_err(|e| e.to_string())?;
+        list.push((info, c));
+    }
+    Ok(list)
+}
+
 pub fn engine(g: &Gathered, settings: &Settings) -> Result<Engine, String> {
     let cmd = worker_command(settings.device)?;
     let cache = settings.use_cache.then(|| kopt_dir(g).join("cache/eval"));

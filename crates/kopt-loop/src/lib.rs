@@ -1,6 +1,7 @@
 //! The loop of `cargo kopt` over the evaluation engine: everything that judges a kernel
 //! version on a device, and what is made of the verdicts.
 //!
+//! - [`budget`]: the budgets of `optimize` as written on its command line;
 //! - [`eval`]: `verify` and `bench` through the engine (jobs, the worker to start, the
 //!   device pool);
 //! - [`optimize`]: the optimisation loop's start (`settle_start`), its evaluator
@@ -14,6 +15,7 @@
 //! It knows no command line and no terminal: what it reports while it runs goes to an
 //! observer ([`search::SearchObserver`]), what it finds is returned as data.
 
+pub mod budget;
 pub mod eval;
 pub mod loop_record;
 pub mod optimize;

@@ -89,3 +89,13 @@ pub fn build(g: &Gathered, o: &Options) -> Result<Report, String> {
     r.pending_broken = broken;
     Ok(r)
 }
+
+/// Writes the report's HTML to `out`, creating its folder.
+pub fn write(report: &Report, out: &Path) -> Result<(), String> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    std::fs::write(out, kopt_report::render(report))
+        .map_err(|e| format!("cannot write {}: {e}", out.display()))
+}

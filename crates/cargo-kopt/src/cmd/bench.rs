@@ -20,18 +20,13 @@ pub struct BenchArgs {
 }
 
 pub fn run(a: BenchArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let BenchArgs {
-        kernels,
-        eval: args,
-        partition,
-    } = a;
-    check_names(&gathered, &kernels)?;
-    partition::select(&mut gathered, partition.partition.as_ref());
-    let settings = args.settings();
+    check_names(&gathered, &a.kernels)?;
+    partition::select(&mut gathered, a.partition.partition.as_ref());
+    let settings = a.eval.settings();
     let mut engine = eval::engine(&gathered, &settings)?;
-    engine.worker.step_timeout = std::time::Duration::from_secs(args.step_timeout);
+    engine.worker.step_timeout = std::time::Duration::from_secs(a.eval.step_timeout);
     let bar = progress_bar(json);
-    let file = eval::bench(&gathered, &kernels, &mut engine, &settings, &mut |m| {
+    let file = eval::bench(&gathered, &a.kernels, &mut engine, &settings, &mut |m| {
         bar.say(m)
     })
     .map_err(|e| e.to_string())?;

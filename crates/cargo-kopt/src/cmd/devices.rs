@@ -18,21 +18,7 @@ pub struct DevicesArgs {
 
 pub fn run(a: DevicesArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
     let DevicesArgs { refresh } = a;
-    let settings = eval::Settings::default();
-    let count = eval::device_count()?;
-    let mut list = Vec::new();
-    for d in 0..count {
-        let mut engine = eval::engine(
-            &gathered,
-            &eval::Settings {
-                device: d,
-                ..settings.clone()
-            },
-        )?;
-        let info = engine.device().map_err(|e| e.to_string())?;
-        let c = engine.ceilings(refresh).map_err(|e| e.to_string())?;
-        list.push((info, c));
-    }
+    let list = eval::devices(&gathered, refresh)?;
     if json {
         print_json(
             &list

@@ -36,34 +36,24 @@ pub struct McpArgs {
 }
 
 pub fn run(a: McpArgs, gathered: Gathered, _json: bool) -> Result<ExitCode, String> {
-    let McpArgs {
-        agent_name,
-        max_proposals,
-        max_search_evals,
-        max_candidate_bytes,
-        no_ncu,
-        from_reference,
-        win,
-        eval: args,
-    } = a;
-    let rules = win.rules();
+    let rules = a.win.rules();
     let cfg = kopt_loop::session::Config {
-        agent: agent_name,
+        agent: a.agent_name,
         limits: kopt_loop::session::Limits {
-            max_proposals,
-            max_search_evals,
-            max_candidate_bytes,
+            max_proposals: a.max_proposals,
+            max_search_evals: a.max_search_evals,
+            max_candidate_bytes: a.max_candidate_bytes,
             min_gain: rules.min_gain,
             min_uniform_gain: rules.min_uniform_gain,
         },
-        settings: args.settings(),
+        settings: a.eval.settings(),
         ncu: kopt_profile::collect::NcuChoice {
             explicit: None,
-            disabled: no_ncu,
+            disabled: a.no_ncu,
             timeout: Some(std::time::Duration::from_secs(600)),
         },
-        step_timeout: args.step_timeout,
-        from_reference,
+        step_timeout: a.eval.step_timeout,
+        from_reference: a.from_reference,
     };
     let server = cargo_kopt::mcp::KoptMcp::new(gathered, cfg)?;
     // Standard output carries the protocol: people read standard error.

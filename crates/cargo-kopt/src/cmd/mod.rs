@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+pub use cargo_kopt::render::print_json;
 use clap::{Args, Subcommand};
 use kopt_loop::eval;
 use kopt_workspace::commands::{self, Edit};
@@ -274,11 +275,6 @@ pub fn progress_bar(json: bool) -> Progress {
     );
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     Progress::Bar(bar)
-}
-
-pub fn print_json<T: serde::Serialize>(v: &T) {
-    let mut out = anstream::stdout();
-    let _ = writeln!(out, "{}", serde_json::to_string(v).expect("serialises"));
 }
 
 pub fn report_edit(edit: &Edit, json: bool) {

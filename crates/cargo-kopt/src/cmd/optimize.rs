@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use cargo_kopt::render;
 use clap::Args;
-use kopt_loop::eval;
+use kopt_loop::{budget, eval};
 use kopt_workspace::gather::Gathered;
 use kopt_workspace::partition;
 
@@ -71,49 +71,31 @@ pub struct OptimizeArgs {
 }
 
 pub fn run(a: OptimizeArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let OptimizeArgs {
-        kernels,
-        agent,
-        reviewer,
-        budget,
-        run_budget,
-        hint,
-        context_tokens,
-        run,
-        resume,
-        no_ncu,
-        no_sanitize,
-        from_reference,
-        win,
-        devices,
-        partition,
-        eval: args,
-    } = a;
-    check_names(&gathered, &kernels)?;
-    partition::select(&mut gathered, partition.partition.as_ref());
+    check_names(&gathered, &a.kernels)?;
+    partition::select(&mut gathered, a.partition.partition.as_ref());
     let opts = kopt_loop::optimize::Options {
-        kernels,
-        agent,
-        reviewer,
-        budget: parse_budget(budget.as_deref())?,
-        hint,
-        context_tokens,
+        kernels: a.kernels,
+        agent: a.agent,
+        reviewer: a.reviewer,
+        budget: budget::parse_budget(a.budget.as_deref()).map_err(|e| e.to_string())?,
+        hint: a.hint,
+        context_tokens: a.context_tokens,
         settings: eval::Settings {
-            sanitize: !no_sanitize,
-            ..args.settings()
+            sanitize: !a.no_sanitize,
+            ..a.eval.settings()
         },
-        resume: resume.is_some(),
-        run_id: run.or(resume),
+        resume: a.resume.is_some(),
+        run_id: a.run.or(a.resume),
         ncu: kopt_profile::collect::NcuChoice {
             explicit: None,
-            disabled: no_ncu,
+            disabled: a.no_ncu,
             timeout: Some(std::time::Duration::from_secs(600)),
         },
-        devices,
-        step_timeout: std::time::Duration::from_secs(args.step_timeout),
-        from_reference,
-        rules: win.rules(),
-        run_limits: parse_run_budget(run_budget.as_deref())?,
+        devices: a.devices,
+        step_timeout: std::time::Duration::from_secs(a.eval.step_timeout),
+        from_reference: a.from_reference,
+        rules: a.win.rules(),
+        run_limits: budget::parse_run_budget(a.run_budget.as_deref()).map_err(|e| e.to_string())?,
     };
     let bar = progress_bar(json);
     let r = kopt_loop::optimize::optimize(&gathered, &opts, &mut |m| bar.say(m))?;
@@ -124,66 +106,4 @@ pub fn run(a: OptimizeArgs, mut gathered: Gathered, json: bool) -> Result<ExitCo
         render::optimize(&r);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `rounds=8,candidates=24,minutes=60,tokens=2000000,dollars=20` (any subset).
-fn parse_budget(text: Option<&str>) -> Result<kopt_agent::run::Budget, String> {
-    let mut b = kopt_agent::run::Budget::default();
-    let Some(text) = text else { return Ok(b) };
-    for part in text.split(',').filter(|p| !p.trim().is_empty()) {
-        let (k, v) = part.split_once('=').ok_or(format!(
-            "`{part}`: write name=value (rounds, candidates, minutes, tokens, dollars)"
-        ))?;
-        let bad = || format!("`{part}`: `{v}` is not a number");
-        match k.trim() {
-            "rounds" => b.rounds = v.trim().parse().map_err(|_| bad())?,
-            "candidates" => b.candidates = v.trim().parse().map_err(|_| bad())?,
-            "minutes" => {
-                b.wall = std::time::Duration::from_secs_f64(
-                    v.trim().parse::<f64>().map_err(|_| bad())? * 60.0,
-                )
-            }
-            "tokens" => b.tokens = v.trim().parse().map_err(|_| bad())?,
-            "dollars" => b.dollars = v.trim().parse().map_err(|_| bad())?,
-            other => {
-                return Err(format!(
-                    "unknown budget `{other}`: use rounds, candidates, minutes, tokens, dollars"
-                ))
-            }
-        }
-    }
-    Ok(b)
-}
-
-fn parse_run_budget(text: Option<&str>) -> Result<kopt_agent::run::RunLimits, String> {
-    let mut l = kopt_agent::run::RunLimits::default();
-    let Some(text) = text else { return Ok(l) };
-    for part in text.split(',').filter(|p| !p.trim().is_empty()) {
-        let (k, v) = part.split_once('=').ok_or(format!(
-            "--run-budget `{part}`: write name=value (candidates, minutes, tokens, dollars)"
-        ))?;
-        let bad = || format!("--run-budget `{part}`: `{v}` is not a number");
-        match k.trim() {
-            "candidates" => l.candidates = Some(v.trim().parse().map_err(|_| bad())?),
-            "minutes" => {
-                l.wall = Some(std::time::Duration::from_secs_f64(
-                    v.trim().parse::<f64>().map_err(|_| bad())? * 60.0,
-                ))
-            }
-            "tokens" => l.tokens = Some(v.trim().parse().map_err(|_| bad())?),
-            "dollars" => l.dollars = Some(v.trim().parse().map_err(|_| bad())?),
-            "rounds" => {
-                return Err(
-                    "--run-budget has no `rounds`: rounds are per kernel (`--budget rounds=N`)"
-                        .into(),
-                )
-            }
-            other => {
-                return Err(format!(
-                    "unknown run budget `{other}`: use candidates, minutes, tokens, dollars"
-                ))
-            }
-        }
-    }
-    Ok(l)
 }

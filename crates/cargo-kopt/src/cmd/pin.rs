@@ -21,14 +21,9 @@ pub struct PinArgs {
 }
 
 pub fn run(a: PinArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let PinArgs {
-        kernel,
-        variant,
-        arch,
-        region,
-    } = a;
-    let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
-    let edit = commands::pin(k, &variant, &arch, region.as_deref()).map_err(|e| e.to_string())?;
+    let k = commands::find(&gathered, &a.kernel).map_err(|e| e.to_string())?;
+    let edit =
+        commands::pin(k, &a.variant, &a.arch, a.region.as_deref()).map_err(|e| e.to_string())?;
     report_edit(&edit, json);
     Ok(ExitCode::SUCCESS)
 }

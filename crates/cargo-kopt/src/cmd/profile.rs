@@ -47,33 +47,20 @@ pub struct ProfileArgs {
 }
 
 pub fn run(a: ProfileArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let ProfileArgs {
-        kernel,
-        shape,
-        variant,
-        device,
-        ncu,
-        no_ncu,
-        ncu_timeout,
-        arch,
-        library,
-        no_cases,
-        no_cache,
-    } = a;
     let options = kopt_loop::profile::Options {
-        kernel,
-        shape,
-        variant,
-        device,
+        kernel: a.kernel,
+        shape: a.shape,
+        variant: a.variant,
+        device: a.device,
         ncu: kopt_profile::collect::NcuChoice {
-            explicit: ncu,
-            disabled: no_ncu,
-            timeout: Some(std::time::Duration::from_secs(ncu_timeout)),
+            explicit: a.ncu,
+            disabled: a.no_ncu,
+            timeout: Some(std::time::Duration::from_secs(a.ncu_timeout)),
         },
-        arch,
-        cases: library.path,
-        no_cases,
-        no_cache,
+        arch: a.arch,
+        cases: a.library.path,
+        no_cases: a.no_cases,
+        no_cache: a.no_cache,
     };
     let bar = progress_bar(json);
     let outcome = kopt_loop::profile::profile(&gathered, &options, &mut |m| bar.say(m));

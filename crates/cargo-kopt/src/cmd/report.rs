@@ -34,29 +34,18 @@ pub struct ReportArgs {
 }
 
 pub fn run(a: ReportArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let ReportArgs {
-        bench,
-        search_bench,
-        pending,
-        title,
-        generated,
-        out,
-    } = a;
     let options = kopt_workspace::report::Options {
-        bench,
-        search_bench,
-        pending,
-        title,
-        generated,
+        bench: a.bench,
+        search_bench: a.search_bench,
+        pending: a.pending,
+        title: a.title,
+        generated: a.generated,
     };
     let report = kopt_workspace::report::build(&gathered, &options)?;
-    let out = out.unwrap_or_else(|| gathered.target_dir.join("kopt/report.html"));
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
-    std::fs::write(&out, kopt_report::render(&report))
-        .map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    let out = a
+        .out
+        .unwrap_or_else(|| gathered.target_dir.join("kopt/report.html"));
+    kopt_workspace::report::write(&report, &out)?;
     let gaps = kopt_report::gaps(&report);
     if json {
         print_json(&serde_json::json!({ "path": out, "empty": gaps }));

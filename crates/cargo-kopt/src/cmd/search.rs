@@ -89,41 +89,24 @@ pub struct SearchBenchArgs {
 }
 
 pub fn run(a: SearchArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let SearchArgs {
-        kernel,
-        strategy,
-        seeded,
-        matrix,
-        hints,
-        budget_evals,
-        budget_seconds,
-        seed,
-        options,
-        resume,
-        keep_rounds,
-        threads,
-        no_verify,
-        save,
-        eval: args,
-    } = a;
-    let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
+    let k = commands::find(&gathered, &a.kernel).map_err(|e| e.to_string())?;
     let o = search::SearchOptions {
-        strategy: strategy.kind(),
-        seeded,
-        matrix,
-        hints,
-        budget_evals,
-        budget_seconds,
-        seed,
-        options: options.axes(),
-        resume,
-        keep_rounds,
-        threads,
-        eval: args.settings(),
-        step_timeout: args.step_timeout,
-        no_verify,
+        strategy: a.strategy.kind(),
+        seeded: a.seeded,
+        matrix: a.matrix,
+        hints: a.hints,
+        budget_evals: a.budget_evals,
+        budget_seconds: a.budget_seconds,
+        seed: a.seed,
+        options: a.options.axes(),
+        resume: a.resume,
+        keep_rounds: a.keep_rounds,
+        threads: a.threads,
+        eval: a.eval.settings(),
+        step_timeout: a.eval.step_timeout,
+        no_verify: a.no_verify,
         base: None,
-        save: save.then(|| search::SaveWinner {
+        save: a.save.then(|| search::SaveWinner {
             agent: "search".into(),
             min_gain: 0.03,
         }),
@@ -142,38 +125,27 @@ pub fn run(a: SearchArgs, gathered: Gathered, json: bool) -> Result<ExitCode, St
 }
 
 pub fn run_bench(a: SearchBenchArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let SearchBenchArgs {
-        kernel,
-        seeds,
-        target_pct,
-        live,
-        with_options,
-        strategies,
-        threads,
-        json_out,
-        eval: args,
-    } = a;
-    let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
+    let k = commands::find(&gathered, &a.kernel).map_err(|e| e.to_string())?;
     let o = search::BenchOptions {
-        seeds: seeds.max(1),
-        target: target_pct / 100.0,
-        live,
-        options: if with_options {
+        seeds: a.seeds.max(1),
+        target: a.target_pct / 100.0,
+        live: a.live,
+        options: if a.with_options {
             kopt_search::OptionAxes::standard()
         } else {
             kopt_search::OptionAxes::none()
         },
-        strategies: if strategies.is_empty() {
+        strategies: if a.strategies.is_empty() {
             kopt_search::StrategyKind::ALL.to_vec()
         } else {
-            strategies.iter().map(|s| s.kind()).collect()
+            a.strategies.iter().map(|s| s.kind()).collect()
         },
-        threads,
-        eval: args.settings(),
-        step_timeout: args.step_timeout,
+        threads: a.threads,
+        eval: a.eval.settings(),
+        step_timeout: a.eval.step_timeout,
     };
     let report = search::search_bench(&gathered, k, &o, &mut SearchBar::new(json))?;
-    if let Some(path) = json_out {
+    if let Some(path) = a.json_out {
         std::fs::write(
             &path,
             serde_json::to_string_pretty(&report).expect("reports serialise"),

@@ -71,53 +71,39 @@ pub fn pending(gathered: Gathered, json: bool) -> Result<ExitCode, String> {
 }
 
 pub fn review(a: ReviewArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let ReviewArgs {
-        kernel,
-        arch,
-        cases,
-    } = a;
-    store_cli::review(&gathered, kernel.as_deref(), arch.as_deref(), &cases, json)
+    store_cli::review(
+        &gathered,
+        a.kernel.as_deref(),
+        a.arch.as_deref(),
+        &a.cases,
+        json,
+    )
 }
 
 pub fn accept(a: AcceptArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let AcceptArgs {
-        kernel,
-        arch,
-        all,
-        rename,
-        cases,
-    } = a;
     store_cli::accept(
         &gathered,
-        kernel.as_deref(),
-        arch.as_deref(),
-        all,
-        rename.as_deref(),
-        &cases,
+        a.kernel.as_deref(),
+        a.arch.as_deref(),
+        a.all,
+        a.rename.as_deref(),
+        &a.cases,
         json,
     )
 }
 
 pub fn reject(a: RejectArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let RejectArgs {
-        kernel,
-        arch,
-        all,
-        reason,
-        cases,
-    } = a;
     store_cli::reject(
         &gathered,
-        kernel.as_deref(),
-        arch.as_deref(),
-        all,
-        reason.as_deref(),
-        &cases,
+        a.kernel.as_deref(),
+        a.arch.as_deref(),
+        a.all,
+        a.reason.as_deref(),
+        &a.cases,
         json,
     )
 }
 
 pub fn merge(a: MergeArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let MergeArgs { dirs, cases } = a;
-    store_cli::merge(&gathered, &dirs, &cases, json)
+    store_cli::merge(&gathered, &a.dirs, &a.cases, json)
 }

@@ -28,23 +28,16 @@ pub struct VerifyArgs {
 }
 
 pub fn run(a: VerifyArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode, String> {
-    let VerifyArgs {
-        kernels,
-        eval: args,
-        no_sanitize,
-        devices,
-        partition,
-    } = a;
-    check_names(&gathered, &kernels)?;
-    partition::select(&mut gathered, partition.partition.as_ref());
-    let mut settings = args.settings();
-    settings.sanitize = !no_sanitize;
-    let mut pool = eval::pool(&gathered, &settings, devices.as_ref())?;
+    check_names(&gathered, &a.kernels)?;
+    partition::select(&mut gathered, a.partition.partition.as_ref());
+    let mut settings = a.eval.settings();
+    settings.sanitize = !a.no_sanitize;
+    let mut pool = eval::pool(&gathered, &settings, a.devices.as_ref())?;
     for (_, engine) in pool.engines_mut() {
-        engine.worker.step_timeout = std::time::Duration::from_secs(args.step_timeout);
+        engine.worker.step_timeout = std::time::Duration::from_secs(a.eval.step_timeout);
     }
     let bar = progress_bar(json);
-    let verified = eval::verify(&gathered, &kernels, &mut pool, &settings, &mut |m| {
+    let verified = eval::verify(&gathered, &a.kernels, &mut pool, &settings, &mut |m| {
         bar.say(m)
     })?;
     bar.finish_and_clear();

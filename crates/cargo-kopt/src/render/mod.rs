@@ -10,6 +10,12 @@ use kopt_engine::protocol::{Ceilings, DeviceInfo};
 use crate::table::Table;
 use kopt_loop::eval::{BenchFile, Verified};
 
+/// A value as one line of JSON on standard output (`--message-format json`).
+pub fn print_json<T: serde::Serialize>(v: &T) {
+    let mut out = anstream::stdout();
+    let _ = writeln!(out, "{}", serde_json::to_string(v).expect("serialises"));
+}
+
 fn style(c: AnsiColor) -> Style {
     Style::new().fg_color(Some(c.into()))
 }

@@ -4,9 +4,7 @@ use std::collections::BTreeMap;
 
 use kopt_loop::search::{BenchReport, SearchReport};
 
-fn bold() -> anstyle::Style {
-    anstyle::Style::new().bold()
-}
+use crate::style::bold;
 
 fn plain() -> anstyle::Style {
     anstyle::Style::new()
