@@ -1,16 +1,11 @@
-//! `cargo kopt`'s presentation, tested without the CLI: the tables and text the
-//! subcommands print. The product is in `kopt_workspace` (the workspace model) and
-//! `kopt_loop` (the loop over the engine).
+//! `cargo kopt`'s rendering, tested without the CLI: the tables and text the subcommands
+//! print. The product is in `kopt_workspace` (the workspace model) and `kopt_loop` (the
+//! loop over the engine); the commands, the review and the MCP transport are the binary's.
 //!
 //! - [`render`]: the commands' tables;
-//! - [`review`]: the interactive review of pending variants;
-//! - [`store_cli`]: the store commands' arguments and their rendering;
+//! - [`style`]: the few styles of kopt's output;
 //! - [`table`]: plain-text tables for people.
 
-pub mod mcp;
 pub mod render;
-pub mod review;
-pub mod search_progress;
-pub mod store_cli;
 pub mod style;
 pub mod table;

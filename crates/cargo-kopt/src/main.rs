@@ -3,13 +3,16 @@
 //! return.
 
 mod cmd;
+mod mcp;
+mod review;
+mod search_progress;
+mod store_cli;
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anstyle::{AnsiColor, Style};
-use cargo_kopt::store_cli;
 use clap::{Args, Parser, ValueEnum};
 use cmd::Command;
 use kopt_workspace::gather::{self, Selection};

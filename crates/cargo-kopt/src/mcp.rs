@@ -74,11 +74,6 @@ impl KoptMcp {
         })
     }
 
-    /// The run's id (its journal is `<target>/kopt/runs/<id>/journal.jsonl`).
-    pub fn run_id(&self) -> String {
-        self.lock().run_id()
-    }
-
     /// The session's run folder: its journal and artefacts.
     pub fn run_dir(&self) -> std::path::PathBuf {
         self.lock().run_dir()

@@ -13,7 +13,7 @@ use kopt_store::pending::PendingVariant;
 use kopt_store::review::{self, DiffLine, ReviewItem};
 use serde::Serialize;
 
-use crate::style::{bold, cyan, dim, green, yellow};
+use cargo_kopt::style::{bold, cyan, dim, green, yellow};
 use kopt_workspace::gather::Gathered;
 use kopt_workspace::store::{self, describe_replaced, kernel_of};
 
@@ -344,7 +344,7 @@ pub fn render(
         )?;
     }
     heading(out, "Figures per shape (before → after)")?;
-    let mut table = crate::table::Table::new(&[
+    let mut table = cargo_kopt::table::Table::new(&[
         "shape",
         "before µs",
         "after µs",

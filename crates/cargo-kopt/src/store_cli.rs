@@ -5,14 +5,14 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::style::{dim, green, red, yellow};
 use anstyle::Style;
+use cargo_kopt::style::{dim, green, red, yellow};
 use clap::{Args, Subcommand};
 use kopt_store::cases::{self, CaseLibrary, Status};
 
-use crate::render::print_json;
 use crate::review::{self, LineKeys, TerminalKeys};
-use crate::table::Table;
+use cargo_kopt::render::print_json;
+use cargo_kopt::table::Table;
 use kopt_workspace::commands;
 use kopt_workspace::gather::Gathered;
 use kopt_workspace::store::{self, StoreCmdError};

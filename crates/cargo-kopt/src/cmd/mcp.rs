@@ -55,12 +55,12 @@ pub fn run(a: McpArgs, gathered: Gathered, _json: bool) -> Result<ExitCode, Stri
         step_timeout: a.eval.step_timeout,
         from_reference: a.from_reference,
     };
-    let server = cargo_kopt::mcp::KoptMcp::new(gathered, cfg)?;
+    let server = crate::mcp::KoptMcp::new(gathered, cfg)?;
     // Standard output carries the protocol: people read standard error.
     eprintln!(
         "cargo kopt mcp: serving over stdio; journal in {}/",
         server.run_dir().display()
     );
-    cargo_kopt::mcp::serve_stdio(server)?;
+    crate::mcp::serve_stdio(server)?;
     Ok(ExitCode::SUCCESS)
 }

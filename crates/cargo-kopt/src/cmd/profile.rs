@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cargo_kopt::store_cli;
+use crate::store_cli;
 use cargo_kopt::style::dim;
 use clap::Args;
 use kopt_workspace::gather::Gathered;

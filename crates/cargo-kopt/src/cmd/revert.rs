@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use cargo_kopt::store_cli;
+use crate::store_cli;
 use clap::Args;
 use kopt_workspace::commands;
 use kopt_workspace::gather::Gathered;

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cargo_kopt::{render, search_progress::SearchBar};
+use crate::search_progress::SearchBar;
+use cargo_kopt::render;
 use clap::Args;
 use kopt_loop::search;
 use kopt_workspace::commands;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cargo_kopt::store_cli;
+use crate::store_cli;
 use clap::Args;
 use kopt_workspace::gather::Gathered;
 
