@@ -1,5 +1,5 @@
 //! `cargo kopt profile KERNEL`: the profile data layer and bottleneck snapshot of one
-//! version of a kernel on one declared shape (issue 5). The collectors, the rules and the
+//! version of a kernel on one declared shape. The collectors, the rules and the
 //! snapshot are in `kopt_profile`; this module picks the kernel, builds its jobs with the
 //! code `cargo kopt __job` uses, lays out the run folder, records the run in its journal,
 //! and brings in the case library.

@@ -41,11 +41,11 @@ pub fn run(a: ReportArgs, gathered: Gathered, json: bool) -> Result<ExitCode, St
         title: a.title,
         generated: a.generated,
     };
-    let report = kopt_workspace::report::build(&gathered, &options)?;
+    let report = kopt_workspace::report::build(&gathered, &options).map_err(|e| e.to_string())?;
     let out = a
         .out
         .unwrap_or_else(|| gathered.target_dir.join("kopt/report.html"));
-    kopt_workspace::report::write(&report, &out)?;
+    kopt_workspace::report::write(&report, &out).map_err(|e| e.to_string())?;
     let gaps = kopt_report::gaps(&report);
     if json {
         print_json(&serde_json::json!({ "path": out, "empty": gaps }));
