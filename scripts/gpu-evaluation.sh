@@ -11,7 +11,7 @@ echo "== devices and ceilings"
 cargo kopt devices --refresh 2>&1 | tee "$W/devices.txt"
 
 echo "== bad-candidate catalogue"
-( cd ../../crates/cargo-kopt && ../../.gpu/tests/gpu_catalogue-test --include-ignored --nocapture --test-threads 1 ) > "$W/catalogue.txt" 2>&1
+( cd ../../crates/cargo-kopt && ../../.gpu/tests/it-test gpu_catalogue:: --include-ignored --nocapture --test-threads 1 ) > "$W/catalogue.txt" 2>&1
 grep -E '^\||worker starts|test result|panicked' "$W/catalogue.txt"
 
 echo "== verify"

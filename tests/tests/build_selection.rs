@@ -1,8 +1,8 @@
 //! End to end, without a GPU: what the build of the example crate embeds and selects as
 //! its committed files change. Builds a scratch copy of the example several times.
 
-use cargo_kopt::{commands, gather};
 use kopt_tests::{text, ExampleWorkspace};
+use kopt_workspace::{commands, gather};
 
 fn explain(ws: &ExampleWorkspace) -> String {
     ws.explain("sm_90")

@@ -98,8 +98,9 @@ fn kernel_sources_are_candle_kernels_files_byte_for_byte() {
     );
 }
 
-fn kernels() -> Vec<cargo_kopt::gather::Kernel> {
-    let g = cargo_kopt::gather::gather_crate("candle-ops", &example(), &repo_root().join("target"));
+fn kernels() -> Vec<kopt_workspace::gather::Kernel> {
+    let g =
+        kopt_workspace::gather::gather_crate("candle-ops", &example(), &repo_root().join("target"));
     assert!(g.errors.is_empty(), "{:?}", g.errors);
     g.kernels
 }
@@ -283,14 +284,15 @@ fn every_candidate_and_reference_compiles_with_nvrtc_for_sm_90_without_spills() 
 /// compile fence: every reference and accepted variant compiled for its architecture.
 #[test]
 fn kopt_check_passes_on_the_example() {
-    let g = cargo_kopt::gather::gather_crate("candle-ops", &example(), &repo_root().join("target"));
-    let checked = cargo_kopt::commands::check(&g);
+    let g =
+        kopt_workspace::gather::gather_crate("candle-ops", &example(), &repo_root().join("target"));
+    let checked = kopt_workspace::commands::check(&g);
     assert!(checked.problems.is_empty(), "{:?}", checked.problems);
     if !kopt::gpu::nvrtc_for_test() {
         return;
     }
-    match cargo_kopt::compile_check::compile_check(&g) {
-        cargo_kopt::compile_check::CompileCheck::Ran {
+    match kopt_workspace::compile_check::compile_check(&g) {
+        kopt_workspace::compile_check::CompileCheck::Ran {
             versions, problems, ..
         } => {
             assert!(problems.is_empty(), "{problems:?}");

@@ -42,9 +42,9 @@ const SCAN: i64 = 512;
 /// search's verification draw them.
 const SEEDED_PER_SHAPE: usize = 1;
 
-fn kernels() -> Vec<cargo_kopt::gather::Kernel> {
+fn kernels() -> Vec<kopt_workspace::gather::Kernel> {
     let root = repo_root().join("examples/llm-kernels");
-    let g = cargo_kopt::gather::gather_crate("llm-kernels", &root, &repo_root().join("target"));
+    let g = kopt_workspace::gather::gather_crate("llm-kernels", &root, &repo_root().join("target"));
     assert!(g.errors.is_empty(), "{:?}", g.errors);
     assert!(!g.kernels.is_empty());
     g.kernels

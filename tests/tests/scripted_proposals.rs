@@ -41,9 +41,9 @@ fn agents_dir() -> std::path::PathBuf {
     repo_root().join("examples/llm-kernels/agents")
 }
 
-fn kernels() -> Vec<cargo_kopt::gather::Kernel> {
+fn kernels() -> Vec<kopt_workspace::gather::Kernel> {
     let root = repo_root().join("examples/llm-kernels");
-    let g = cargo_kopt::gather::gather_crate("llm-kernels", &root, &repo_root().join("target"));
+    let g = kopt_workspace::gather::gather_crate("llm-kernels", &root, &repo_root().join("target"));
     assert!(g.errors.is_empty(), "{:?}", g.errors);
     g.kernels
 }

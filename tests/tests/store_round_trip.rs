@@ -2,9 +2,9 @@
 //! of the example selects it, a revert makes the build fall back, and `revert --to`
 //! brings it back. Three incremental builds.
 
-use cargo_kopt::{commands, gather, store};
 use kopt_store::pending;
 use kopt_tests::{pending_from_shipped, ExampleWorkspace};
+use kopt_workspace::{commands, gather, store};
 
 fn gathered(ws: &ExampleWorkspace) -> gather::Gathered {
     gather::gather(&gather::Selection {

@@ -13,8 +13,9 @@ use kopt_store::pending::PendingVariant;
 use kopt_store::review::{self, DiffLine, ReviewItem};
 use serde::Serialize;
 
-use crate::gather::Gathered;
-use crate::store::{self, describe_replaced, kernel_of};
+use cargo_kopt::style::{bold, cyan, dim, green, yellow};
+use kopt_workspace::gather::Gathered;
+use kopt_workspace::store::{self, describe_replaced, kernel_of};
 
 /// Diff lines shown before `d` is pressed.
 pub const DIFF_PREVIEW_LINES: usize = 60;
@@ -68,23 +69,9 @@ pub struct ReviewSummary {
     pub quit: bool,
 }
 
-fn bold() -> Style {
-    Style::new().bold()
-}
-fn green() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Green.into()))
-}
+/// Not bold, unlike `style::red`: a refusal in the review is not the command's error.
 fn red() -> Style {
     Style::new().fg_color(Some(AnsiColor::Red.into()))
-}
-fn yellow() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Yellow.into()))
-}
-fn cyan() -> Style {
-    Style::new().fg_color(Some(AnsiColor::Cyan.into()))
-}
-fn dim() -> Style {
-    Style::new().dimmed()
 }
 
 /// Reviews the pending variants `chosen`, reading keys from `keys` and writing to `out`
@@ -218,7 +205,7 @@ pub fn run(
 fn record(
     summary: &mut ReviewSummary,
     g: &Gathered,
-    k: &crate::gather::Kernel,
+    k: &kopt_workspace::gather::Kernel,
     p: &PendingVariant,
     status: Status,
     lib: &mut CaseLibrary,
@@ -357,7 +344,7 @@ pub fn render(
         )?;
     }
     heading(out, "Figures per shape (before → after)")?;
-    let mut table = crate::table::Table::new(&[
+    let mut table = cargo_kopt::table::Table::new(&[
         "shape",
         "before µs",
         "after µs",

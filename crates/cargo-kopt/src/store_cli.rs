@@ -5,16 +5,17 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::style::{dim, green, red, yellow};
 use anstyle::Style;
+use cargo_kopt::style::{dim, green, red, yellow};
 use clap::{Args, Subcommand};
-use kopt_store::cases::{self, CaseLibrary, Query, Status};
+use kopt_store::cases::{self, CaseLibrary, Status};
 
-use crate::commands;
-use crate::gather::Gathered;
 use crate::review::{self, LineKeys, TerminalKeys};
-use crate::store::{self, StoreCmdError};
-use crate::table::Table;
+use cargo_kopt::render::print_json;
+use cargo_kopt::table::Table;
+use kopt_workspace::commands;
+use kopt_workspace::gather::Gathered;
+use kopt_workspace::store::{self, StoreCmdError};
 
 /// `--cases PATH`.
 #[derive(Args, Debug, Clone, Default)]
@@ -80,14 +81,6 @@ pub enum CasesCommand {
         #[arg(long, short)]
         out: Option<PathBuf>,
     },
-}
-
-fn print_json<T: serde::Serialize>(v: &T) {
-    let _ = writeln!(
-        anstream::stdout(),
-        "{}",
-        serde_json::to_string(v).expect("serialises")
-    );
 }
 
 fn usage(e: StoreCmdError) -> String {
@@ -625,31 +618,7 @@ pub fn cases_command(path: &CasesPath, cmd: CasesCommand, json: bool) -> Result<
             kind,
             k,
         } => {
-            let mut q = Query {
-                kind: kind.clone(),
-                metrics: store::parse_metrics(&metrics).map_err(usage)?,
-                text: text.unwrap_or_default(),
-                ..Default::default()
-            };
-            if let Some(k) = kind
-                .as_deref()
-                .filter(|k| !kopt_store::features::is_kind(k))
-            {
-                return Err(format!(
-                    "kind `{k}` is unknown; use one of {}",
-                    kopt_store::features::KINDS.join(", ")
-                ));
-            }
-            if let Some(src) = &source {
-                let t = store::query_text_of_source(src).map_err(usage)?;
-                q.text = format!("{} {t}", q.text);
-            }
-            if q.metrics.is_empty() && q.text.trim().is_empty() {
-                return Err(
-                    "give something to compare: --metric NAME=VALUE, --text WORDS or --source FILE"
-                        .into(),
-                );
-            }
+            let q = store::case_query(&metrics, text, source.as_deref(), kind).map_err(usage)?;
             let found = lib.search(&q, k).map_err(|e| e.to_string())?;
             if json {
                 print_json(&found);

@@ -18,3 +18,11 @@ pub fn red() -> Style {
 pub fn dim() -> Style {
     Style::new().dimmed()
 }
+
+pub fn bold() -> Style {
+    Style::new().bold()
+}
+
+pub fn cyan() -> Style {
+    Style::new().fg_color(Some(AnsiColor::Cyan.into()))
+}

@@ -10,13 +10,13 @@ use std::process::Output;
 use std::sync::Once;
 use std::time::Duration;
 
-use cargo_kopt::eval::{self, Settings};
-use cargo_kopt::gather::{self, Gathered};
 use kopt_engine::engine::Engine;
 use kopt_engine::job::{EvalJob, KernelVersion};
 use kopt_engine::parent::WorkerCommand;
 use kopt_engine::pool::{DevicePool, Scheduled};
 use kopt_engine::verdict::Judge;
+use kopt_loop::eval::{self, Settings};
+use kopt_workspace::gather::{self, Gathered};
 use serde_json::Value;
 
 fn two_fake_devices() {

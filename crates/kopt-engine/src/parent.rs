@@ -34,7 +34,7 @@ impl WorkerCommand {
             program,
             args: vec![
                 "kopt".into(),
-                "__worker".into(),
+                crate::worker::SUBCOMMAND.into(),
                 "--device".into(),
                 device.to_string(),
             ],
@@ -45,7 +45,11 @@ impl WorkerCommand {
     pub fn fake(program: PathBuf) -> Self {
         WorkerCommand {
             program,
-            args: vec!["kopt".into(), "__worker".into(), "--fake".into()],
+            args: vec![
+                "kopt".into(),
+                crate::worker::SUBCOMMAND.into(),
+                "--fake".into(),
+            ],
         }
     }
 

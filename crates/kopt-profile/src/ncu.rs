@@ -620,7 +620,7 @@ mod tests {
             program: "/bin/cargo-kopt".into(),
             args: vec![
                 "kopt".into(),
-                "__worker".into(),
+                kopt_engine::worker::SUBCOMMAND.into(),
                 "--device".into(),
                 "0".into(),
             ],

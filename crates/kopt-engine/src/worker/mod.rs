@@ -38,6 +38,32 @@ pub trait Backend {
     ) -> Result<Vec<CopyTime>, String>;
 }
 
+/// The hidden subcommand of `cargo kopt` that runs a worker:
+/// `cargo-kopt kopt __worker [--device N] [--fake] [--oneshot JOB [--report-file FILE]]`.
+/// The engine starts its workers with it ([`crate::parent::WorkerCommand`]), the CLI
+/// declares it and hands it to [`main`], and the profiler's wrappers run it in oneshot
+/// mode.
+pub const SUBCOMMAND: &str = "__worker";
+
+/// The worker subcommand's entry point: serves the parent over stdin/stdout, or with
+/// `oneshot` evaluates that one job. Returns the process's exit code.
+pub fn main(
+    device: usize,
+    fake: bool,
+    oneshot: Option<&std::path::Path>,
+    report_file: Option<&std::path::Path>,
+) -> i32 {
+    let kind = if fake {
+        WorkerKind::Fake { device }
+    } else {
+        WorkerKind::Cuda { device }
+    };
+    match oneshot {
+        Some(job) => self::oneshot(kind, job, report_file),
+        None => serve(kind),
+    }
+}
+
 /// How the worker was asked to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerKind {

@@ -1,12 +1,20 @@
 //! Tables of the evaluation commands, for people.
 
+pub mod search;
+
 use std::io::Write;
 
 use anstyle::{AnsiColor, Style};
 use kopt_engine::protocol::{Ceilings, DeviceInfo};
 
-use crate::eval::{BenchFile, Verified};
 use crate::table::Table;
+use kopt_loop::eval::{BenchFile, Verified};
+
+/// A value as one line of JSON on standard output (`--message-format json`).
+pub fn print_json<T: serde::Serialize>(v: &T) {
+    let mut out = anstream::stdout();
+    let _ = writeln!(out, "{}", serde_json::to_string(v).expect("serialises"));
+}
 
 fn style(c: AnsiColor) -> Style {
     Style::new().fg_color(Some(c.into()))
@@ -348,7 +356,7 @@ fn indent(s: &str) -> String {
     s.lines().map(|l| format!("  {l}\n")).collect()
 }
 
-pub fn optimize(r: &crate::optimize::RunResult) {
+pub fn optimize(r: &kopt_loop::optimize::RunResult) {
     use kopt_agent::run::Stop;
     let (run_id, results) = (&r.run, &r.kernels);
     // Which GPU ran a kernel matters only when there were several.
@@ -426,9 +434,9 @@ pub fn optimize(r: &crate::optimize::RunResult) {
 /// (ptxas' figures of the entry, warnings, how the compile compares with the variant's
 /// evidence), then the notes; or the one line that says why nothing was compiled.
 /// Problems are `check`'s own list, printed after it.
-pub fn compile_check(c: &crate::compile_check::CompileCheck) -> String {
-    use crate::compile_check::CompileCheck;
+pub fn compile_check(c: &kopt_workspace::compile_check::CompileCheck) -> String {
     use crate::style::{red, yellow};
+    use kopt_workspace::compile_check::CompileCheck;
     let mut out = String::new();
     match c {
         CompileCheck::Skipped { reason, .. } => {

@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use cargo_kopt::gather;
 use kopt_store::pending::{self, PendingVariant};
 use kopt_store::KoptDir;
 use kopt_tests::{pending_from_shipped, text, ExampleWorkspace};
+use kopt_workspace::gather;
 
 struct Env {
     ws: ExampleWorkspace,

@@ -41,7 +41,7 @@ use kopt_store::KoptDir;
 use serde::Serialize;
 
 use crate::eval::{self, kopt_dir};
-use crate::gather::{Gathered, Kernel};
+use kopt_workspace::gather::{Gathered, Kernel};
 
 /// The timing policy of search evaluations: fewer samples than `verify` (a point is
 /// compared with the reference timed in the same job, alternating, so drift cancels),
@@ -756,55 +756,35 @@ fn placed(r: &Record) -> Option<Placed> {
     })
 }
 
-/// The progress bar: points done, the best so far, what the device is doing.
-pub struct Progress {
-    bar: indicatif::ProgressBar,
+/// What a search reports while it runs, for whoever shows it (the CLI's progress bar):
+/// the points it will evaluate, each point done with the best so far, what the device is
+/// doing, and the end. Every method has a default that ignores the event.
+pub trait SearchObserver {
+    /// The run will evaluate at most `points` points.
+    fn started(&mut self, _points: u64) {}
+    /// One point evaluated; `best` is the best so far.
+    fn point_done(&mut self, _r: &Record, _best: Option<&Record>) {}
+    /// What the driver or the device is doing.
+    fn message(&mut self, _message: &str) {}
+    /// The run is over: nothing more will be reported.
+    fn finished(&mut self) {}
 }
 
-impl Progress {
-    pub fn new(len: u64, hidden: bool) -> Self {
-        if hidden {
-            return Progress {
-                bar: indicatif::ProgressBar::hidden(),
-            };
-        }
-        let bar = indicatif::ProgressBar::new(len);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} {pos}/{len} points {elapsed:>4} | best: {prefix} | {wide_msg}",
-            )
-            .expect("valid template"),
-        );
-        bar.set_prefix("–");
-        bar.enable_steady_tick(std::time::Duration::from_millis(120));
-        Progress { bar }
-    }
+/// Observes nothing (the MCP server's searches, `--message-format json`).
+pub struct Unobserved;
+impl SearchObserver for Unobserved {}
 
-    pub fn finish(&self) {
-        self.bar.finish_and_clear();
-    }
-}
+/// A [`SearchObserver`] as the search driver's [`Observer`].
+struct Watch<'a>(&'a mut dyn SearchObserver);
 
-impl Observer for Progress {
+impl Observer for Watch<'_> {
     fn record(&mut self, _space: &Space, r: &Record, best: Option<&Record>) -> Control {
-        self.bar.inc(1);
-        if let Some(b) = best.and_then(|b| Some((b, b.outcome.cost?))) {
-            self.bar
-                .set_prefix(format!("{} ({:.2}x)", b.0.label, 1.0 / b.1));
-        }
-        self.bar.set_message(format!(
-            "{}: {}",
-            r.label,
-            match r.outcome.cost {
-                Some(c) => format!("{:.2}x", 1.0 / c),
-                None => r.outcome.failure.clone().unwrap_or_default(),
-            }
-        ));
+        self.0.point_done(r, best);
         Control::Continue
     }
 
     fn progress(&mut self, message: &str) {
-        self.bar.set_message(message.to_string());
+        self.0.message(message);
     }
 }
 
@@ -898,7 +878,7 @@ pub fn search(
     g: &Gathered,
     k: &Kernel,
     o: &SearchOptions,
-    hidden: bool,
+    progress: &mut dyn SearchObserver,
 ) -> Result<SearchReport, String> {
     let mut eval_settings = o.eval.clone();
     eval_settings.timing = search_timing();
@@ -917,7 +897,6 @@ pub fn search(
         .clone()
         .unwrap_or_else(kopt_store::layout::new_run_id);
     let seeded = o.seeded || o.matrix.is_some() || o.hints.is_some();
-    let mut progress = Progress::new(0, hidden);
     // The seed: recorded in the journal, so that a resumed run reuses it.
     let recorded = match &o.resume {
         Some(id) => Some(journal::read_header(&kopt, id)?),
@@ -934,12 +913,8 @@ pub fn search(
                 (Some(p), _) => Some(read_hints(p, &k.spec.name, ev.device.multiprocessors)?),
                 (None, Some(_)) => None,
                 (None, None) => {
-                    progress
-                        .bar
-                        .set_message("measuring the reference for the seed");
-                    let r = measure_reference(&mut ev, &space, &mut |m| {
-                        progress.bar.set_message(m.to_string())
-                    })?;
+                    progress.message("measuring the reference for the seed");
+                    let r = measure_reference(&mut ev, &space, &mut |m| progress.message(m))?;
                     Some(hints_from_reference(&r))
                 }
             };
@@ -997,7 +972,7 @@ pub fn search(
     if let Some(t) = o.threads {
         settings.compile_threads = t.max(1);
     }
-    progress.bar.set_length(
+    progress.started(
         settings
             .budget
             .evaluations
@@ -1006,7 +981,8 @@ pub fn search(
     );
     let mut strategy = o.strategy.make(o.seed);
     let summary = {
-        let mut both = Both(&mut j, &mut progress);
+        let mut watch = Watch(&mut *progress);
+        let mut both = Both(&mut j, &mut watch);
         run::run(
             &mut space,
             strategy.as_mut(),
@@ -1019,7 +995,7 @@ pub fn search(
         )
     };
     if let Some(e) = j.error.take() {
-        progress.finish();
+        progress.finished();
         return Err(e);
     }
     j.finish(&summary)?;
@@ -1041,12 +1017,8 @@ pub fn search(
             }
         }
         for (id, label) in labels {
-            progress
-                .bar
-                .set_message(format!("verifying {label} in full"));
-            let (v, job) = ev.verify(&PointSpec::of(&space, id), &mut |m| {
-                progress.bar.set_message(m.to_string())
-            });
+            progress.message(&format!("verifying {label} in full"));
+            let (v, job) = ev.verify(&PointSpec::of(&space, id), &mut |m| progress.message(m));
             if summary.best_record().is_some_and(|b| b.id == id) {
                 best_job = Some(job);
             }
@@ -1059,7 +1031,7 @@ pub fn search(
             .best_record()
             .and_then(|b| verified.remove(&b.label));
     }
-    progress.finish();
+    progress.finished();
     let pending = match (&o.save, &best_verified, &best_job, summary.best_record()) {
         (Some(save), Some(verdict), Some(job), Some(best)) => save_winner(
             g,
@@ -1394,7 +1366,7 @@ pub fn search_bench(
     g: &Gathered,
     k: &Kernel,
     o: &BenchOptions,
-    hidden: bool,
+    progress: &mut dyn SearchObserver,
 ) -> Result<BenchReport, String> {
     let mut eval_settings = o.eval.clone();
     eval_settings.timing = search_timing();
@@ -1402,13 +1374,9 @@ pub fn search_bench(
     // Every evaluation is measured, never answered from the cache.
     eval_settings.use_cache = false;
     let (mut ev, space) = setup(g, k, &eval_settings, o.step_timeout, &o.options, None)?;
-    let mut progress = Progress::new(space.len() as u64, hidden);
-    progress
-        .bar
-        .set_message("measuring the reference for the seed");
-    let reference = measure_reference(&mut ev, &space, &mut |m| {
-        progress.bar.set_message(m.to_string())
-    })?;
+    progress.started(space.len() as u64);
+    progress.message("measuring the reference for the seed");
+    let reference = measure_reference(&mut ev, &space, &mut |m| progress.message(m))?;
     let hints = hints_from_reference(&reference);
     let guide = Guide::new(&space, seed::heuristic(&space, &k.spec, &hints))?;
     let mut settings = Settings::default();
@@ -1428,7 +1396,7 @@ pub fn search_bench(
         Interesting::none(),
         &settings,
         Prior::default(),
-        &mut progress,
+        &mut Watch(&mut *progress),
     );
     let exhaustive_seconds = t.elapsed().as_secs_f64();
     let n = summary.evaluations.max(1) as f64;
@@ -1468,7 +1436,7 @@ pub fn search_bench(
                 };
                 let mut trials = Vec::new();
                 for &s in seeds {
-                    progress.bar.set_message(format!(
+                    progress.message(&format!(
                         "{kind}{} seed {s}",
                         if seeded { " seeded" } else { "" }
                     ));
@@ -1504,7 +1472,7 @@ pub fn search_bench(
             &settings,
         )
     };
-    progress.finish();
+    progress.finished();
     ev.engine.worker.shutdown();
     Ok(BenchReport {
         package: k.package.clone(),
@@ -1528,240 +1496,6 @@ pub fn search_bench(
         target: o.target,
         rows,
     })
-}
-
-// ---------------------------------------------------------------------------------------
-// Rendering.
-
-fn bold() -> anstyle::Style {
-    anstyle::Style::new().bold()
-}
-
-fn plain() -> anstyle::Style {
-    anstyle::Style::new()
-}
-
-fn shapes_cell(m: &BTreeMap<String, f64>) -> String {
-    m.iter()
-        .map(|(s, us)| format!("{s}: {us:.2}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `cargo kopt search`, for people.
-pub fn render_search(r: &SearchReport) {
-    use std::io::Write;
-    let mut out = anstream::stdout();
-    let _ = writeln!(
-        out,
-        "{}/{} on {} ({}): {} search{}, seed {}",
-        r.package,
-        r.kernel,
-        r.device.name,
-        r.device.arch,
-        r.strategy,
-        if r.seeded { ", seeded" } else { "" },
-        r.seed
-    );
-    let _ = writeln!(
-        out,
-        "space: {} valid of {} ({}; pruned: {} by constraints, {} by geometry, {} by device limits, {} by register caps)",
-        r.space.valid,
-        r.space.raw,
-        r.space.axes.join(", "),
-        r.space.pruned.constraints,
-        r.space.pruned.geometry,
-        r.space.pruned.device_limits,
-        r.space.pruned.registers
-    );
-    if let Some(h) = &r.hints {
-        let _ = writeln!(out, "snapshot: {}", h.describe());
-    }
-    if let Some(m) = &r.matrix {
-        let _ = writeln!(out, "seed matrix ({}):", m.source);
-        for row in &m.rows {
-            let _ = writeln!(
-                out,
-                "  {:<28} prefer {:?} (priority {:.2}): {}",
-                row.axis, row.prefer, row.priority, row.reason
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "{}: {} points ({} from the journal, {} compile failures, {} rejected) in {:.1} s, {:.1} evaluations/s",
-        r.stop,
-        r.evaluations,
-        r.replayed,
-        r.compile_failures,
-        r.failures,
-        r.seconds,
-        r.evaluations_per_second
-    );
-    for d in &r.dropped {
-        let _ = writeln!(out, "{d}");
-    }
-    for (label, why) in r.interesting.iter().take(5) {
-        let _ = writeln!(out, "kept as interesting: {label}: {why}");
-    }
-    let _ = writeln!(out);
-    match &r.best {
-        Some(b) => {
-            let verified = match &r.best_verified {
-                Some(v) if v.accepted => {
-                    "verified in full (held-out shapes, default timing, every fence)".to_string()
-                }
-                Some(v) => format!("FAILED the full verification: {}", v.summary()),
-                None => "not verified in full (--no-verify)".to_string(),
-            };
-            let _ = writeln!(
-                out,
-                "{}best{:#}: {} ({:.2}x the reference, geometric mean over shapes): {verified}",
-                bold(),
-                bold(),
-                b.label,
-                b.speedup
-            );
-            if let Some(p) = &r.pending {
-                let _ = writeln!(
-                    out,
-                    "saved as a pending variant: {p} (`cargo kopt review` to accept it)"
-                );
-            }
-        }
-        None => {
-            let _ = writeln!(out, "no point passed");
-        }
-    }
-    let mut t = crate::table::Table::new(&[
-        "shape",
-        "best configuration",
-        "µs",
-        "reference µs",
-        "speedup",
-        "full verification",
-    ]);
-    for s in &r.per_shape {
-        t.row(vec![
-            (s.shape.clone(), plain()),
-            (s.label.clone(), bold()),
-            (format!("{:.2}", s.us), plain()),
-            (
-                s.reference_us
-                    .map(|x| format!("{x:.2}"))
-                    .unwrap_or_else(|| "–".into()),
-                plain(),
-            ),
-            (
-                s.reference_us
-                    .map(|x| format!("{:.2}x", x / s.us))
-                    .unwrap_or_else(|| "–".into()),
-                plain(),
-            ),
-            (s.verified.clone().unwrap_or_else(|| "–".into()), plain()),
-        ]);
-    }
-    let _ = write!(out, "{}", t.render());
-    let _ = writeln!(out);
-    let mut t = crate::table::Table::new(&["#", "configuration", "speedup", "per shape µs"]);
-    for (i, p) in r.leaderboard.iter().enumerate() {
-        t.row(vec![
-            ((i + 1).to_string(), plain()),
-            (p.label.clone(), if i == 0 { bold() } else { plain() }),
-            (format!("{:.2}x", p.speedup), plain()),
-            (shapes_cell(&p.shapes_us), plain()),
-        ]);
-    }
-    let _ = write!(out, "{}", t.render());
-    let _ = writeln!(
-        out,
-        "\nrun {} (journal: {}); resume it with `cargo kopt search {} --strategy {} --seed {}{} --resume {}`",
-        r.run_id,
-        r.journal.join("journal.jsonl").display(),
-        r.kernel,
-        r.strategy,
-        r.seed,
-        if r.seeded { " --seeded" } else { "" },
-        r.run_id
-    );
-}
-
-fn med(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
-    v.map(f).unwrap_or_else(|| "not reached".into())
-}
-
-/// `cargo kopt search-bench`, for people.
-pub fn render_bench(r: &BenchReport) {
-    use std::io::Write;
-    let mut out = anstream::stdout();
-    let l = &r.landscape;
-    let _ = writeln!(
-        out,
-        "{}/{} on {} ({})",
-        r.package, r.kernel, r.device.name, r.device.arch
-    );
-    let _ = writeln!(
-        out,
-        "space: {} valid points of {} ({})",
-        r.space.valid,
-        r.space.raw,
-        r.space.axes.join(", ")
-    );
-    let _ = writeln!(
-        out,
-        "exhaustive: {} points ({} passed) in {:.1} s = {:.1} evaluations/s (compile on CPU threads, check, time; no cache)",
-        l.evaluated, l.passed, r.exhaustive_seconds, r.exhaustive_evaluations_per_second
-    );
-    let _ = writeln!(
-        out,
-        "best: {} (cost {:.4}, {:.2}x the reference); median point cost {:.4}; best is {:.2}x faster than the median point; {} point(s) within {:.0}% of the best",
-        l.best_label.as_deref().unwrap_or("–"),
-        l.best_cost.unwrap_or(f64::NAN),
-        1.0 / l.best_cost.unwrap_or(f64::NAN),
-        l.median_cost.unwrap_or(f64::NAN),
-        l.best_over_median.unwrap_or(f64::NAN),
-        l.near_best,
-        100.0 * r.target
-    );
-    let _ = writeln!(
-        out,
-        "per evaluation: {} ms on the worker ({}); NVRTC {:.1} ms per point on the compile threads",
-        r.worker_ms_per_evaluation.values().sum::<f64>().round(),
-        r.worker_ms_per_evaluation
-            .iter()
-            .map(|(k, v)| format!("{k} {v:.1}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        r.compile_ms_per_point
-    );
-    let _ = writeln!(out, "seed snapshot (the reference): {}", r.hints.describe());
-    let _ = writeln!(out);
-    let mut t = crate::table::Table::new(&[
-        "strategy",
-        "seeded",
-        "median evaluations to within target",
-        "median seconds",
-        "evaluations/s",
-        "reached",
-    ]);
-    for row in &r.rows {
-        t.row(vec![
-            (row.strategy.to_string(), bold()),
-            (if row.seeded { "yes" } else { "no" }.into(), plain()),
-            (med(row.median_evaluations, |v| format!("{v:.1}")), plain()),
-            (med(row.median_seconds, |v| format!("{v:.2}")), plain()),
-            (format!("{:.1}", row.evaluations_per_second), plain()),
-            (format!("{}/{}", row.reached, row.seeds), plain()),
-        ]);
-    }
-    let _ = write!(out, "{}", t.render());
-    let _ = writeln!(
-        out,
-        "target: within {:.0}% of the exhaustive best; medians over {} seed(s) (exhaustive: one run, it does not draw); seconds: {}",
-        100.0 * r.target,
-        r.rows.iter().map(|x| x.seeds).max().unwrap_or(0),
-        r.seconds_are
-    );
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use kopt_spec::spec::Shape;
 use kopt_spec::store::{self, UsableVariant};
 use serde::Serialize;
 
-use crate::gather::{Gathered, Kernel};
+use kopt_workspace::gather::{Gathered, Kernel};
 
 /// Knobs shared by `verify` and `bench`.
 #[derive(Debug, Clone)]
@@ -106,6 +106,26 @@ pub fn pool(
         })
         .collect::<Result<Vec<_>, String>>()?;
     Ok(DevicePool::new(engines))
+}
+
+/// Every GPU with its ceilings (`cargo kopt devices`): measured again with `refresh`, else
+/// the cached ones.
+pub fn devices(g: &Gathered, refresh: bool) -> Result<Vec<(DeviceInfo, Ceilings)>, String> {
+    let settings = Settings::default();
+    let mut list = Vec::new();
+    for d in 0..device_count()? {
+        let mut engine = engine(
+            g,
+            &Settings {
+                device: d,
+                ..settings.clone()
+            },
+        )?;
+        let info = engine.device().map_err(|e| e.to_string())?;
+        let c = engine.ceilings(refresh).map_err(|e| e.to_string())?;
+        list.push((info, c));
+    }
+    Ok(list)
 }
 
 pub fn engine(g: &Gathered, settings: &Settings) -> Result<Engine, String> {

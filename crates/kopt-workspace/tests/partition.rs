@@ -1,7 +1,7 @@
 //! `--partition`: every kernel in exactly one part, the same parts whatever the order the
 //! kernels were found in, and clear errors for specs that name no part.
 
-use cargo_kopt::partition::{fnv1a64, Partition, Scheme};
+use kopt_workspace::partition::{fnv1a64, Partition, Scheme};
 
 fn names() -> Vec<String> {
     [

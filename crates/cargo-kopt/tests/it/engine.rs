@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cargo_kopt::eval::{self, Settings};
-use cargo_kopt::gather::{self, Gathered};
 use kopt_engine::engine::Engine;
 use kopt_engine::job::{EvalJob, KernelVersion, TimingPolicy};
 use kopt_engine::parent::{WorkerCommand, WorkerFailure};
 use kopt_engine::verdict::{Fence, Judge, Verdict};
+use kopt_loop::eval::{self, Settings};
+use kopt_workspace::gather::{self, Gathered};
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cargo-kopt"))

@@ -27,11 +27,11 @@ use kopt_store::redact::Redactor;
 use serde::{Deserialize, Serialize};
 
 use crate::eval::{self, Settings};
-use crate::gather::{Gathered, Kernel};
 use crate::loop_record::{
     self, Counts, PendingRecord, RecordedStart, RecordedVerdicts, RunRecord, StartRecord,
     VerdictRecord,
 };
+use kopt_workspace::gather::{Gathered, Kernel};
 
 /// Verifies candidates through the engine, judging against the current best.
 pub struct LoopEvaluator<'a> {

@@ -1,4 +1,4 @@
-//! The commands as library functions: each returns data; `main.rs` renders it.
+//! The commands as library functions: each returns data; the CLI renders it.
 
 use std::collections::BTreeMap;
 use std::path::Path;

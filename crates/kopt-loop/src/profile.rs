@@ -1,5 +1,5 @@
 //! `cargo kopt profile KERNEL`: the profile data layer and bottleneck snapshot of one
-//! version of a kernel on one declared shape (issue 5). The collectors, the rules and the
+//! version of a kernel on one declared shape. The collectors, the rules and the
 //! snapshot are in `kopt_profile`; this module picks the kernel, builds its jobs with the
 //! code `cargo kopt __job` uses, lays out the run folder, records the run in its journal,
 //! and brings in the case library.
@@ -21,9 +21,9 @@ use kopt_store::journal::{Event, Journal};
 use kopt_store::KoptDir;
 use serde::Serialize;
 
-use crate::commands;
 use crate::eval::{self, Settings};
-use crate::gather::Gathered;
+use kopt_workspace::commands;
+use kopt_workspace::gather::Gathered;
 
 /// What `cargo kopt profile` was asked.
 #[derive(Debug, Clone, Default)]

@@ -668,8 +668,8 @@ fn check_says_in_one_line_when_nvrtc_cannot_be_loaded() {
 
 #[test]
 fn the_compile_fence_table() {
-    use cargo_kopt::compile_check::{CompileCheck, CompiledVersion, Failure, FailureKind};
     use kopt_engine::precompile::Match;
+    use kopt_workspace::compile_check::{CompileCheck, CompiledVersion, Failure, FailureKind};
     let row =
         |version: &str, registers: u32, spills: u32, evidence: Option<Match>| CompiledVersion {
             package: "llm-kernels".into(),
@@ -727,14 +727,14 @@ fn the_compile_fence_table() {
         anstream::adapter::strip_str(&cargo_kopt::render::compile_check(&c)).to_string()
     );
     let skipped = CompileCheck::Skipped {
-        reason: cargo_kopt::compile_check::NO_NVRTC.into(),
+        reason: kopt_workspace::compile_check::NO_NVRTC.into(),
         problems: vec![],
     };
     assert_eq!(
         anstream::adapter::strip_str(&cargo_kopt::render::compile_check(&skipped)).to_string(),
         format!(
             "compile fence skipped: {}\n",
-            cargo_kopt::compile_check::NO_NVRTC
+            kopt_workspace::compile_check::NO_NVRTC
         )
     );
 }

@@ -4,9 +4,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cargo_kopt::eval::Settings;
-use cargo_kopt::gather::{self, Gathered, Kernel};
-use cargo_kopt::optimize::LoopEvaluator;
 use kopt_agent::backend::Client;
 use kopt_agent::http::{Anthropic, Endpoint, OpenAi};
 use kopt_agent::run::{self, Budget, Rules, Stop, Task};
@@ -15,6 +12,9 @@ use kopt_engine::engine::Engine;
 use kopt_engine::job::KernelVersion;
 use kopt_engine::parent::WorkerCommand;
 use kopt_engine::verdict::Judge;
+use kopt_loop::eval::Settings;
+use kopt_loop::optimize::LoopEvaluator;
+use kopt_workspace::gather::{self, Gathered, Kernel};
 use serde_json::json;
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};

@@ -451,6 +451,41 @@ pub fn parse_metrics(items: &[String]) -> Result<BTreeMap<String, f64>, StoreCmd
     Ok(out)
 }
 
+/// The query of `cargo kopt cases search`: `--metric NAME=VALUE`s, words, and the words of
+/// a source file, of one kind of case if given; something to compare is required.
+pub fn case_query(
+    metrics: &[String],
+    text: Option<String>,
+    source: Option<&Path>,
+    kind: Option<String>,
+) -> Result<cases::Query, StoreCmdError> {
+    let mut q = cases::Query {
+        kind: kind.clone(),
+        metrics: parse_metrics(metrics)?,
+        text: text.unwrap_or_default(),
+        ..Default::default()
+    };
+    if let Some(k) = kind
+        .as_deref()
+        .filter(|k| !kopt_store::features::is_kind(k))
+    {
+        return Err(StoreCmdError::Usage(format!(
+            "kind `{k}` is unknown; use one of {}",
+            kopt_store::features::KINDS.join(", ")
+        )));
+    }
+    if let Some(src) = source {
+        let t = query_text_of_source(src)?;
+        q.text = format!("{} {t}", q.text);
+    }
+    if q.metrics.is_empty() && q.text.trim().is_empty() {
+        return Err(StoreCmdError::Usage(
+            "give something to compare: --metric NAME=VALUE, --text WORDS or --source FILE".into(),
+        ));
+    }
+    Ok(q)
+}
+
 /// The text of a search for a CUDA source file: its structural summary and identifiers.
 pub fn query_text_of_source(path: &Path) -> Result<String, StoreCmdError> {
     let src = std::fs::read_to_string(path)

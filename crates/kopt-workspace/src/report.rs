@@ -31,8 +31,29 @@ fn shown(path: &Path, root: &Path) -> String {
         .to_string()
 }
 
+/// Why a report could not be built or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// A measurement file that `kopt_report` cannot read (its message names the command
+    /// that writes the right one).
+    #[error("{0}")]
+    Input(String),
+    #[error("--pending {}: no such folder (give a pending root holding <package>/<kernel>/<arch>/ folders, e.g. target/kopt/pending)", .0.display())]
+    NoPendingRoot(PathBuf),
+    #[error("cannot create {}: {source}", .path.display())]
+    CreateFolder {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Reads every input; a measurement file that cannot be read is an error naming the fix.
-pub fn build(g: &Gathered, o: &Options) -> Result<Report, String> {
+pub fn build(g: &Gathered, o: &Options) -> Result<Report, ReportError> {
     let root = &g.workspace_root;
     let mut r = Report {
         title: o.title.clone().unwrap_or_else(|| "kopt report".to_string()),
@@ -40,11 +61,12 @@ pub fn build(g: &Gathered, o: &Options) -> Result<Report, String> {
         ..Report::default()
     };
     if let Some(p) = &o.bench {
-        r.bench = Some(input::read_bench(p)?);
+        r.bench = Some(input::read_bench(p).map_err(ReportError::Input)?);
         r.sources.push(format!("bench: {}", shown(p, root)));
     }
     for p in &o.search_bench {
-        r.search_benches.push(input::read_search_bench(p)?);
+        r.search_benches
+            .push(input::read_search_bench(p).map_err(ReportError::Input)?);
         r.sources.push(format!("search-bench: {}", shown(p, root)));
     }
     let mut crates: Vec<(&str, &Path)> = g
@@ -67,12 +89,7 @@ pub fn build(g: &Gathered, o: &Options) -> Result<Report, String> {
         r.committed.extend(found);
     }
     let pending_root = match &o.pending {
-        Some(p) if !p.is_dir() => {
-            return Err(format!(
-                "--pending {}: no such folder (give a pending root holding <package>/<kernel>/<arch>/ folders, e.g. target/kopt/pending)",
-                p.display()
-            ))
-        }
+        Some(p) if !p.is_dir() => return Err(ReportError::NoPendingRoot(p.clone())),
         Some(p) => p.clone(),
         None => kopt_store::KoptDir::new(&g.target_dir).pending_root(),
     };
@@ -88,4 +105,18 @@ pub fn build(g: &Gathered, o: &Options) -> Result<Report, String> {
     r.pending = pending;
     r.pending_broken = broken;
     Ok(r)
+}
+
+/// Writes the report's HTML to `out`, creating its folder.
+pub fn write(report: &Report, out: &Path) -> Result<(), ReportError> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| ReportError::CreateFolder {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    std::fs::write(out, kopt_report::render(report)).map_err(|source| ReportError::Write {
+        path: out.to_path_buf(),
+        source,
+    })
 }

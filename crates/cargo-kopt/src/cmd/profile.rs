@@ -1,0 +1,84 @@
+//! `cargo kopt profile`: the bottleneck snapshot of one kernel version.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::store_cli;
+use cargo_kopt::style::dim;
+use clap::Args;
+use kopt_workspace::gather::Gathered;
+
+use super::{print_json, progress_bar};
+
+#[derive(Args)]
+pub struct ProfileArgs {
+    pub kernel: String,
+    /// A declared shape, by index or label (default: the first).
+    #[arg(long, value_name = "INDEX|LABEL")]
+    pub shape: Option<String>,
+    /// A committed variant to profile (default: the reference).
+    #[arg(long)]
+    pub variant: Option<String>,
+    /// GPU ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+    /// Nsight Compute's `ncu` (default: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin,
+    /// /opt/nvidia/nsight-compute/*/).
+    #[arg(long, value_name = "PATH", env = "KOPT_NCU")]
+    pub ncu: Option<PathBuf>,
+    /// Do not run Nsight Compute (wins over --ncu and KOPT_NCU).
+    #[arg(long)]
+    pub no_ncu: bool,
+    /// Seconds an ncu run may take before it is stopped.
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    pub ncu_timeout: u64,
+    /// Architecture to compile PTX and SASS for when no GPU says (e.g. sm_90).
+    #[arg(long)]
+    pub arch: Option<String>,
+    #[command(flatten)]
+    pub library: store_cli::CasesPath,
+    /// Take the confidence from the rules' margin, not from the case library.
+    #[arg(long)]
+    pub no_cases: bool,
+    /// Measure again even when an identical evaluation is cached.
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+pub fn run(a: ProfileArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
+    let options = kopt_loop::profile::Options {
+        kernel: a.kernel,
+        shape: a.shape,
+        variant: a.variant,
+        device: a.device,
+        ncu: kopt_profile::collect::NcuChoice {
+            explicit: a.ncu,
+            disabled: a.no_ncu,
+            timeout: Some(std::time::Duration::from_secs(a.ncu_timeout)),
+        },
+        arch: a.arch,
+        cases: a.library.path,
+        no_cases: a.no_cases,
+        no_cache: a.no_cache,
+    };
+    let bar = progress_bar(json);
+    let outcome = kopt_loop::profile::profile(&gathered, &options, &mut |m| bar.say(m));
+    bar.finish_and_clear();
+    let outcome = outcome?;
+    if json {
+        print_json(&outcome);
+    } else {
+        let mut out = anstream::stdout();
+        let _ = writeln!(out, "{}", outcome.snapshot.render(8));
+        let _ = writeln!(
+            out,
+            "{}run {}: every artefact is in {}{:#}",
+            dim(),
+            outcome.run_id,
+            outcome.dir.display(),
+            dim()
+        );
+    }
+    Ok(ExitCode::from(outcome.exit_code()))
+}
