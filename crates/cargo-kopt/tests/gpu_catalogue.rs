@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use cargo_kopt::eval::{self, Settings};
 use cargo_kopt::gather;
 use kopt_engine::engine::Engine;
-use kopt_engine::job::{KernelVersion, ShapeCase, TimingPolicy};
+use kopt_engine::job::{KernelVersion, TimingPolicy};
 use kopt_engine::parent::WorkerCommand;
 use kopt_engine::sanitizer;
 use kopt_engine::verdict::{Fence, Judge};
+use kopt_spec::shapes::ShapeCase;
 
 /// The worker binary: this build's, else (on a GPU runner) the staged one on PATH.
 fn worker_program() -> PathBuf {
