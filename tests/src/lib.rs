@@ -88,8 +88,12 @@ pub fn scripted_answer(agents_dir: &Path, kernel: &str) -> String {
         agents_dir.display(),
         text(&out)
     );
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("the scripted agent's answer is not JSON ({e}): {}", text(&out)));
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the scripted agent's answer is not JSON ({e}): {}",
+            text(&out)
+        )
+    });
     answer["text"]
         .as_str()
         .expect("the answer's text")

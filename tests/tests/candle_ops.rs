@@ -115,11 +115,11 @@ fn proposal_text(kernel: &str) -> String {
 
 /// Every shape the engine can draw as held out, over many seeds, plus the declared ones.
 fn all_shapes(spec: &KernelSpec) -> Vec<BTreeMap<String, Number>> {
-    let max_bytes = kopt_engine::job::held_out_byte_cap(spec);
+    let max_bytes = kopt_spec::shapes::held_out_byte_cap(spec);
     let mut out: Vec<BTreeMap<String, Number>> =
         spec.shapes.iter().map(|s| s.values.clone()).collect();
     for seed in 0..64 {
-        for s in kopt_engine::job::held_out_shapes(spec, None, seed, 64, max_bytes) {
+        for s in kopt_spec::shapes::held_out_shapes(spec, None, seed, 64, max_bytes) {
             if !out.contains(&s.values) {
                 out.push(s.values);
             }

@@ -25,12 +25,12 @@
 //! Feasibility (whether a valid shape exists on which the cheat is wrong) is decided by
 //! scanning, for each declared shape and dimension, the sizes 1 to [`SCAN`] and within
 //! [`SCAN`] of the declared size, with every other dimension as declared, under the same
-//! validity rule as the drawing (`kopt_engine::job::shape_is_valid`: lengths, launch rule,
+//! validity rule as the drawing (`kopt_spec::shapes::shape_is_valid`: lengths, launch rule,
 //! constraints at the defines, byte cap).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kopt_engine::job::{
+use kopt_spec::shapes::{
     held_out_byte_cap, held_out_shapes_for, seed_independent_held_out_shapes, shape_is_valid,
 };
 use kopt_spec::spec::{KernelSpec, Number, Shape};

@@ -85,11 +85,11 @@ fn cluster_x(source: &str, defines: &BTreeMap<String, i64>) -> Option<i64> {
 
 /// Every shape the engine can draw as held out, over many seeds, plus the declared ones.
 fn all_shapes(spec: &KernelSpec) -> Vec<BTreeMap<String, Number>> {
-    let max_bytes = kopt_engine::job::held_out_byte_cap(spec);
+    let max_bytes = kopt_spec::shapes::held_out_byte_cap(spec);
     let mut out: Vec<BTreeMap<String, Number>> =
         spec.shapes.iter().map(|s| s.values.clone()).collect();
     for seed in 0..64 {
-        for s in kopt_engine::job::held_out_shapes(spec, None, seed, 64, max_bytes) {
+        for s in kopt_spec::shapes::held_out_shapes(spec, None, seed, 64, max_bytes) {
             if !out.contains(&s.values) {
                 out.push(s.values);
             }
@@ -402,9 +402,15 @@ fn the_scripted_agent_refuses_a_stale_patch_and_a_missing_source() {
     // The same patch over the base it was made from applies.
     std::fs::write(d.join("base.cu"), "a\nx\nc\n").unwrap();
     let out = answer("stale");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let set: serde_json::Value = serde_json::from_str(text["text"].as_str().unwrap()).unwrap();
     assert_eq!(set["proposals"][0]["candidate"]["source"], "a\ny\nc\n");
-    assert!(set["proposals"][0]["candidate"].get("source_file").is_none());
+    assert!(set["proposals"][0]["candidate"]
+        .get("source_file")
+        .is_none());
 }

@@ -292,7 +292,7 @@ fn check_matrix(
     source: Option<&str>,
     errors: &mut Vec<String>,
 ) {
-    let code = source.map(kopt_store::features::strip_comments);
+    let code = source.map(kopt_spec::source::strip_comments);
     let used = |name: &str| {
         p.defines.contains_key(name)
             || spec.tunables.iter().any(|t| t.name == name)

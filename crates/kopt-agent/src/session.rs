@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use kopt_store::redact::Redactor;
+use kopt_redact::Redactor;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{Backend, BackendError};

@@ -10,7 +10,7 @@ use kopt_agent::chat::{ChatRequest, Message};
 use kopt_agent::command::External;
 use kopt_agent::http::{Anthropic, Endpoint, OpenAi};
 use kopt_agent::session::{Recorder, Replay};
-use kopt_store::redact::Redactor;
+use kopt_redact::Redactor;
 use serde_json::json;
 use wiremock::matchers::{body_partial_json, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};

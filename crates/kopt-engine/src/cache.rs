@@ -74,8 +74,9 @@ impl EvalCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{KernelVersion, Seeds, ShapeCase};
+    use crate::job::{KernelVersion, Seeds};
     use crate::worker::fake::fake_device;
+    use kopt_spec::shapes::ShapeCase;
 
     fn job() -> EvalJob {
         let item = kopt_spec::spec::parse_item(

@@ -132,7 +132,7 @@ pub struct Rule {
 
 impl Rule {
     /// The rule for a buffer of `elements` whose declared shape is `dims` (see
-    /// [`crate::job::buffer_dims`]): rows of the last dimension when the length is a
+    /// [`kopt_spec::shapes::buffer_dims`]): rows of the last dimension when the length is a
     /// product whose last factor divides it, else the whole buffer.
     pub fn new(
         dtype: DType,
@@ -462,7 +462,7 @@ pub fn compare(
     }
     let rule = Rule::new(dtype, tol, n, dims);
     let locate = |i: usize| {
-        dims.map(|d| crate::job::coordinates(i as u64, d))
+        dims.map(|d| kopt_spec::shapes::coordinates(i as u64, d))
             .unwrap_or_default()
     };
     // Whole rows per piece of work (a row's RMS is the row's), pieces in order, merged in

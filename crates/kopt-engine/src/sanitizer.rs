@@ -118,9 +118,9 @@ pub fn max_bytes() -> u64 {
 /// largest under [`max_bytes`] where that is another shape, so that code paths taken only
 /// at size (a split mode, a tail loop of a long row) are sanitized too. Held-out shapes
 /// count: they are the odd sizes.
-pub fn sanitizer_shapes(job: &EvalJob) -> Vec<crate::job::ShapeCase> {
-    let bytes = |s: &crate::job::ShapeCase| {
-        crate::job::shape_bytes(
+pub fn sanitizer_shapes(job: &EvalJob) -> Vec<kopt_spec::shapes::ShapeCase> {
+    let bytes = |s: &kopt_spec::shapes::ShapeCase| {
+        kopt_spec::shapes::shape_bytes(
             &job.spec,
             &job.spec.shape_args(&kopt_spec::spec::Shape {
                 values: s.values.clone(),
@@ -128,7 +128,7 @@ pub fn sanitizer_shapes(job: &EvalJob) -> Vec<crate::job::ShapeCase> {
             }),
         )
     };
-    let mut shapes: Vec<(u64, crate::job::ShapeCase)> =
+    let mut shapes: Vec<(u64, kopt_spec::shapes::ShapeCase)> =
         job.shapes.iter().map(|s| (bytes(s), s.clone())).collect();
     shapes.sort_by_key(|(b, _)| *b);
     let mut out = Vec::new();
@@ -245,7 +245,7 @@ pub fn run_tool(
     let mut small = job.clone();
     small.timing = None;
     small.shapes.sort_by_key(|s| {
-        crate::job::shape_bytes(
+        kopt_spec::shapes::shape_bytes(
             &job.spec,
             &job.spec.shape_args(&kopt_spec::spec::Shape {
                 values: s.values.clone(),
@@ -464,7 +464,7 @@ mod tests {
                 .collect(),
                 weight: 1.0,
             };
-            crate::job::ShapeCase::declared(&shape)
+            kopt_spec::shapes::ShapeCase::declared(&shape)
         };
         // 16 MB, 4 KB, 512 MB (over the 64 MiB cap), 32 MB.
         job.shapes = vec![

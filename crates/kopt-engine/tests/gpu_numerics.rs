@@ -18,10 +18,11 @@
 //! two checks (the declared inputs and the shifted ones), each comparing the candidate run
 //! before and after the reference. `kernels_compile` needs only NVRTC (no GPU).
 
-use kopt_engine::job::{EvalJob, KernelVersion, Seeds, ShapeCase};
+use kopt_engine::job::{EvalJob, KernelVersion, Seeds};
 use kopt_engine::verdict::{Fence, Judge};
 use kopt_engine::worker::cuda::CudaBackend;
 use kopt_engine::worker::Backend;
+use kopt_spec::shapes::ShapeCase;
 use kopt_spec::spec::KernelSpec;
 
 fn spec(signature: &str, annotation: &str) -> KernelSpec {
@@ -456,7 +457,7 @@ fn kernels_compile() {
     let args = ln.shape_args(&ln.shapes[0]);
     let y = &ln.buffers().find(|b| b.name == "y").unwrap().len;
     assert_eq!(
-        kopt_engine::job::buffer_dims(y, &ln, &args),
+        kopt_spec::shapes::buffer_dims(y, &ln, &args),
         Some(vec![("rows".into(), 16384), ("cols".into(), 4096)])
     );
     assert_eq!(softmax_spec().shapes.len(), 2);

@@ -632,9 +632,9 @@ fn shapes_give_rows_through_the_declared_length() {
     .0;
     let args = spec.shape_args(&spec.shapes[0]);
     let len = |name: &str| &spec.buffers().find(|b| b.name == name).unwrap().len;
-    let y = kopt_engine::job::buffer_dims(len("y"), &spec, &args).unwrap();
+    let y = kopt_spec::shapes::buffer_dims(len("y"), &spec, &args).unwrap();
     assert_eq!(y, dims(4, 8));
-    assert!(kopt_engine::job::buffer_dims(len("z"), &spec, &args).is_none());
+    assert!(kopt_spec::shapes::buffer_dims(len("z"), &spec, &args).is_none());
     // Row 0 of order 100, row 1 of order 1e-3: the error 1e-3 at an element of row 1 is
     // judged by row 1's scale, not by the buffer's.
     let mut want = vec![100.0f32; 8];

@@ -4,15 +4,14 @@
 use std::path::PathBuf;
 
 use kopt_engine::engine::{base_seed, seed_salt, Engine};
-use kopt_engine::job::{
-    held_out_byte_cap, held_out_shapes_for, EvalJob, KernelVersion, Seeds, ShapeCase, TimingPolicy,
-};
+use kopt_engine::job::{EvalJob, KernelVersion, Seeds, TimingPolicy};
 use kopt_engine::parent::{WorkerCommand, WorkerFailure};
 use kopt_engine::pool::{DevicePool, DeviceSelection};
 use kopt_engine::protocol::{Ceilings, DeviceInfo};
 use kopt_engine::sanitizer::{self, SanitizerResult};
 use kopt_engine::verdict::{Judge, Verdict};
 use kopt_spec::expr::Expr;
+use kopt_spec::shapes::{held_out_byte_cap, held_out_shapes_for, ShapeCase};
 use kopt_spec::spec::Shape;
 use kopt_spec::store::{self, UsableVariant};
 use serde::Serialize;
@@ -27,7 +26,7 @@ pub struct Settings {
     pub threshold: f64,
     /// Seeded held-out shapes per declared shape, drawn on top of the seed-independent
     /// ones (per dimension: the fewest factors of two, the smallest size, just above a
-    /// power of two; see `kopt_engine::job::held_out_shapes`). 0: no held-out shapes at
+    /// power of two; see `kopt_spec::shapes::held_out_shapes`). 0: no held-out shapes at
     /// all (the search's and the bench's own measurements).
     pub held_out_per_shape: usize,
     pub sanitize: bool,

@@ -16,6 +16,7 @@ use kopt_engine::engine::Engine;
 use kopt_engine::job::{EvalJob, KernelVersion};
 use kopt_engine::pool::{DeviceSelection, Slot};
 use kopt_engine::verdict::{Judge, Verdict};
+use kopt_redact::Redactor;
 use kopt_spec::files::{self, VariantFile, VerifiedBy};
 use kopt_store::evidence::{self, Evidence, NumericEvidence, NumericResult, ShapeMeasurement};
 use kopt_store::journal::{Event, Journal};
@@ -23,7 +24,6 @@ use kopt_store::layout::KoptDir;
 use kopt_store::pending::{
     Baseline, EvidenceSummary, Fence as PendingFence, PendingMeta, PendingVariant,
 };
-use kopt_store::redact::Redactor;
 use serde::{Deserialize, Serialize};
 
 use crate::eval::{self, Settings};
@@ -1653,7 +1653,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
                 shape: case.values.clone(),
                 reference_us: s.reference_us?,
                 variant_us: s.candidate_us?,
-                ideal_bytes: Some(kopt_engine::job::shape_bytes(&k.spec, &args)),
+                ideal_bytes: Some(kopt_spec::shapes::shape_bytes(&k.spec, &args)),
                 registers: s.registers,
                 occupancy_pct: s.occupancy_pct,
             })

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kopt_engine::engine::Engine;
-use kopt_engine::job::{held_out_byte_cap, held_out_shapes_for, KernelVersion, TimingPolicy};
+use kopt_engine::job::{KernelVersion, TimingPolicy};
 use kopt_engine::protocol::{Ceilings, DeviceInfo};
 use kopt_engine::verdict::{Fence, Judge, Verdict};
 use kopt_search::bench::{self, Landscape, Row};
@@ -37,6 +37,7 @@ use kopt_search::run::{
 use kopt_search::seed::{self, Bottleneck, Guide, ParameterMatrix, SnapshotHints};
 use kopt_search::space::{Limits, OptionAxes, Space};
 use kopt_search::strategy::StrategyKind;
+use kopt_spec::shapes::{held_out_byte_cap, held_out_shapes_for};
 use kopt_store::KoptDir;
 use serde::Serialize;
 

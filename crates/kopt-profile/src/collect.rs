@@ -523,7 +523,8 @@ fn code(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kopt_engine::job::{Seeds, ShapeCase};
+    use kopt_engine::job::Seeds;
+    use kopt_spec::shapes::ShapeCase;
 
     /// The source's trip counts read kernel parameters by name: a computed `block_size` is
     /// one, with the candidate's value (its own block).

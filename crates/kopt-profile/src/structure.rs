@@ -379,7 +379,7 @@ fn preprocess(source: &str) -> Prepared {
         at.push(format!("{file}:{line}"));
         line += 1;
     }
-    let code = kopt_store::features::strip_comments(source);
+    let code = kopt_spec::source::strip_comments(source);
     let lines: Vec<&str> = code.lines().collect();
     let mut out = String::with_capacity(code.len());
     let mut defines = BTreeMap::new();

@@ -5,6 +5,7 @@
 //! - [`expr`]: the integer expression language of lengths, geometry and regions, and its
 //!   allocation-free evaluator;
 //! - [`source`]: include resolution (amalgamation) and hashing of kernel sources;
+//! - [`shapes`]: shape arithmetic: bytes, coordinates, and the held-out shapes;
 //! - [`files`]: `kopt.lock`, `variant.toml`, `rationale.json`, `RATIONALE.md`;
 //! - [`store`]: which committed variants are usable, and why not;
 //! - [`codegen`]: the macro's expansion.
@@ -12,6 +13,7 @@
 pub mod codegen;
 pub mod expr;
 pub mod files;
+pub mod shapes;
 pub mod source;
 pub mod spec;
 pub mod store;

@@ -253,6 +253,54 @@ pub fn code_tokens(source: &str) -> Vec<CodeToken<'_>> {
     out
 }
 
+/// `source` with comments and string literals blanked (newlines kept).
+pub fn strip_comments(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut chars = source.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                let mut prev = ' ';
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                    }
+                    if prev == '*' && c == '/' {
+                        break;
+                    }
+                    prev = c;
+                }
+                out.push(' ');
+            }
+            '"' => {
+                let mut escaped = false;
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                    if !escaped && c == '"' {
+                        break;
+                    }
+                    escaped = !escaped && c == '\\';
+                }
+                out.push_str("\"\"");
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 /// `sha256:<hex>` of some bytes: the form every hash takes in kopt's files.
 pub fn hash(bytes: &[u8]) -> String {
     let digest = Sha256::digest(bytes);

@@ -6,6 +6,7 @@
 //! deterministic, and the same for a committed variant, a pending one, and a kernel never
 //! seen before. They describe; they do not parse C++.
 
+use kopt_spec::source::strip_comments;
 use std::collections::BTreeSet;
 
 /// The kinds of kernel the case library knows.
@@ -67,54 +68,6 @@ pub fn infer_kind(kernel: &str, source: &str) -> &'static str {
     } else {
         "other"
     }
-}
-
-/// `source` with comments and string literals blanked (newlines kept).
-pub fn strip_comments(source: &str) -> String {
-    let mut out = String::with_capacity(source.len());
-    let mut chars = source.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '/' if chars.peek() == Some(&'/') => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        out.push('\n');
-                        break;
-                    }
-                }
-            }
-            '/' if chars.peek() == Some(&'*') => {
-                chars.next();
-                let mut prev = ' ';
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        out.push('\n');
-                    }
-                    if prev == '*' && c == '/' {
-                        break;
-                    }
-                    prev = c;
-                }
-                out.push(' ');
-            }
-            '"' => {
-                let mut escaped = false;
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        out.push('\n');
-                        break;
-                    }
-                    if !escaped && c == '"' {
-                        break;
-                    }
-                    escaped = !escaped && c == '\\';
-                }
-                out.push_str("\"\"");
-            }
-            _ => out.push(c),
-        }
-    }
-    out
 }
 
 /// Identifiers and keywords, in order of appearance (numbers, comments, strings and

@@ -23,8 +23,8 @@ use serde_json::Value;
 
 use crate::layout::{is_plain_name, now_rfc3339, KoptDir};
 use crate::pending::{self, PendingVariant, Saved};
-use crate::redact::Redactor;
 use crate::{fsx, io, Error, Result};
+use kopt_redact::Redactor;
 
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 pub const ARTEFACTS_DIR: &str = "artefacts";

@@ -32,7 +32,6 @@ pub mod journal;
 pub mod layout;
 pub mod merge;
 pub mod pending;
-pub mod redact;
 pub mod review;
 
 pub use layout::KoptDir;

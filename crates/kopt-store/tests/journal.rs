@@ -2,8 +2,8 @@
 
 use std::io::Write as _;
 
+use kopt_redact::Redactor;
 use kopt_store::journal::{self, Event, Journal, JOURNAL_FILE};
-use kopt_store::redact::Redactor;
 use kopt_store::KoptDir;
 use serde_json::json;
 

@@ -307,7 +307,7 @@ fn a_multi_round_session_with_feedback_repair_retry_and_replay() {
     let recorder = Recorder::new(
         Box::new(OpenAi::new(endpoint(&server))),
         &session,
-        kopt_store::redact::Redactor::from_vars([(
+        kopt_redact::Redactor::from_vars([(
             "E2E_API_KEY".to_string(),
             "sk-e2e-test-key-123456".to_string(),
         )]),

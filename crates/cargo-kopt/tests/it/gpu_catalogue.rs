@@ -6,11 +6,12 @@
 use std::path::{Path, PathBuf};
 
 use kopt_engine::engine::Engine;
-use kopt_engine::job::{KernelVersion, ShapeCase, TimingPolicy};
+use kopt_engine::job::{KernelVersion, TimingPolicy};
 use kopt_engine::parent::WorkerCommand;
 use kopt_engine::sanitizer;
 use kopt_engine::verdict::{Fence, Judge};
 use kopt_loop::eval::{self, Settings};
+use kopt_spec::shapes::ShapeCase;
 use kopt_workspace::gather;
 
 /// The worker binary: this build's, else (on a GPU runner) the staged one on PATH.

@@ -16,11 +16,11 @@ use super::{Backend, StepProgress};
 use crate::compare::{compare, OutputComparison};
 use crate::inputs::{self, Bytes, Variation};
 use crate::job::{
-    buffer_dims, graph_method, graph_reps, EvalJob, Geometry, KernelVersion, ShapeCase, TimingPlan,
-    TimingPolicy,
+    graph_method, graph_reps, EvalJob, Geometry, KernelVersion, TimingPlan, TimingPolicy,
 };
 use crate::protocol::*;
 use crate::stats::{self, Timing};
+use kopt_spec::shapes::{buffer_dims, ShapeCase};
 
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -700,7 +700,7 @@ impl CudaBackend {
         let mut out = ShapeReport {
             label: case.label.clone(),
             held_out: case.held_out,
-            bytes: crate::job::shape_bytes(spec, &args),
+            bytes: kopt_spec::shapes::shape_bytes(spec, &args),
             flops: spec.flops.as_ref().and_then(eval).map(|v| v.max(0) as u64),
             error: None,
             checks: Vec::new(),

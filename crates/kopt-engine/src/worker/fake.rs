@@ -390,7 +390,7 @@ impl Backend for FakeBackend {
                 weight: 1.0,
             };
             let args = spec.shape_args(&shape);
-            let bytes = crate::job::shape_bytes(spec, &args);
+            let bytes = kopt_spec::shapes::shape_bytes(spec, &args);
             let geometry = |v: &KernelVersion| v.geometry(spec, &args);
             let (rg, cg) = match (geometry(&job.reference), geometry(&job.candidate)) {
                 (Ok(r), Ok(c)) => (r, c),
@@ -875,8 +875,9 @@ fn fake_comparison(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{held_out_shapes, Seeds, ShapeCase, TimingPolicy};
+    use crate::job::{Seeds, TimingPolicy};
     use crate::verdict::Judge;
+    use kopt_spec::shapes::{held_out_shapes, ShapeCase};
 
     /// A candle-style softmax with a dims array: `rows` sizes the grid only, `block_size`
     /// must equal the block (computed per version), and `info` holds the shape.

@@ -30,8 +30,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kopt_spec::expr::{self, Expr, Op};
-use kopt_spec::spec::{KernelSpec, Number, ScalarTy, Shape};
+use crate::expr::{self, Expr, Op};
+use crate::spec::{KernelSpec, Number, ScalarTy, Shape};
 
 use super::ShapeCase;
 
@@ -199,10 +199,10 @@ impl Validity {
             return false;
         }
         if spec.computed_args().next().is_some() {
-            let values: BTreeMap<String, kopt_spec::spec::Number> = spec
+            let values: BTreeMap<String, crate::spec::Number> = spec
                 .scalars()
                 .zip(args)
-                .map(|(s, v)| (s.name.clone(), kopt_spec::spec::Number::Int(*v)))
+                .map(|(s, v)| (s.name.clone(), crate::spec::Number::Int(*v)))
                 .collect();
             if spec
                 .kernel_arg_values(&spec.launch, &self.defines, &values)
@@ -296,7 +296,7 @@ impl<'a> Draw<'a> {
             weight: 1.0,
         };
         self.out.push(ShapeCase {
-            label: held_out_label(&kopt_spec::spec::shape_label(&s), category),
+            label: held_out_label(&crate::spec::shape_label(&s), category),
             values: s.values,
             held_out: true,
             timed: false,
@@ -619,13 +619,13 @@ mod tests {
 
     /// A `rows x cols` kernel, one block per row, with the given extra attributes.
     fn rows_cols(attrs: &str) -> KernelSpec {
-        let item = kopt_spec::spec::parse_item(
+        let item = crate::spec::parse_item(
             "fn k(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);"
                 .parse()
                 .unwrap(),
         )
         .unwrap();
-        kopt_spec::spec::parse_kernel(
+        crate::spec::parse_kernel(
             format!("reference = \"k.cu\", x: [rows * cols], y: [rows * cols], grid = rows, block = 256, {attrs}")
                 .parse()
                 .unwrap(),
@@ -777,13 +777,13 @@ mod tests {
 
     #[test]
     fn a_divisor_constraint_leaves_odd_sizes_of_one() {
-        let item = kopt_spec::spec::parse_item(
+        let item = crate::spec::parse_item(
             "fn k(s: &CudaStream, q: &CudaSlice<f32>, k: &CudaSlice<f32>, o: &mut CudaSlice<f32>, q_heads: u32, kv_heads: u32);"
                 .parse()
                 .unwrap(),
         )
         .unwrap();
-        let spec = kopt_spec::spec::parse_kernel(
+        let spec = crate::spec::parse_kernel(
             "reference = \"k.cu\", q: [q_heads * 128], k: [kv_heads * 128], o: [q_heads * 128], grid = q_heads, block = 128, shapes = [{ q_heads: 32, kv_heads: 8 }], constraints = [q_heads % kv_heads == 0]"
                 .parse()
                 .unwrap(),
