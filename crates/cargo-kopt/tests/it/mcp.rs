@@ -321,8 +321,8 @@ async fn an_agent_drives_the_verified_loop_over_stdio() {
 }
 
 /// The agent an engineer's editor would run, scripted: on the GPU, it reads the context of
-/// `rmsnorm`, proposes the hand-written vectorised candidate
-/// (`examples/llm-kernels/agents/rmsnorm.proposal.json`), searches around it with a small
+/// `rmsnorm`, proposes the hand-written vectorised candidate (what
+/// `examples/llm-kernels/agents/scripted-agent.sh` answers for it), searches around it with a small
 /// budget, and lists what is pending; it prints the session's figures. The run folder is
 /// copied to `$KOPT_MCP_OUT` when set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,7 +368,13 @@ async fn a_scripted_agent_optimises_rmsnorm_on_the_gpu() {
         "snapshot:\n{}",
         ctx["snapshot"].as_str().unwrap_or("(none)")
     );
-    let set: Value = serde_json::from_str(&ws.read("agents/rmsnorm.proposal.json")).unwrap();
+    // As the example's scripted agent answers it: the proposal with its source written out
+    // from the accepted variant it points at.
+    let answer = kopt_tests::scripted_answer(
+        &kopt_tests::repo_root().join("examples/llm-kernels/agents"),
+        "rmsnorm",
+    );
+    let set: Value = serde_json::from_str(&answer).unwrap();
     let v = call(
         &client,
         "propose_variant",
