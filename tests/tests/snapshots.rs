@@ -95,7 +95,7 @@ fn crate_with_variant(
     block: &str,
 ) -> tempfile::TempDir {
     use kopt_spec::files::{self, LockEntry, LockFile, VariantFile, VerifiedBy};
-    use kopt_spec::{source, spec, store::Hashes};
+    use kopt_spec::{selection::Hashes, source, spec};
 
     let dir = tempfile::tempdir().unwrap();
     let krate = dir.path();

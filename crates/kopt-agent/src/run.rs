@@ -336,7 +336,7 @@ pub struct SweptPoint {
 
 /// The end of a task.
 #[derive(Debug, Clone)]
-pub struct Outcome {
+pub struct LoopOutcome {
     pub stop: Stop,
     pub rounds: u32,
     pub tried: Vec<Tried>,
@@ -525,7 +525,7 @@ struct SweepInput<'a> {
 struct SweepState<'a, 'r> {
     evaluator: &'a mut dyn Evaluate,
     best: &'a mut LoopBest,
-    out: &'a mut Outcome,
+    out: &'a mut LoopOutcome,
     candidates: &'a mut u32,
     start: Instant,
     budget: &'a Budget,
@@ -834,11 +834,11 @@ pub fn optimize(
     budget: &Budget,
     rules: &Rules,
     on: &mut dyn FnMut(Event),
-) -> Outcome {
+) -> LoopOutcome {
     let start = Instant::now();
     let spec = task.spec;
     let schema = serde_json::to_string_pretty(&proposal::schema()).expect("serialises");
-    let mut out = Outcome {
+    let mut out = LoopOutcome {
         stop: Stop::Rounds,
         rounds: 0,
         tried: vec![],

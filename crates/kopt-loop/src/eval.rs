@@ -11,9 +11,9 @@ use kopt_engine::protocol::{Ceilings, DeviceInfo};
 use kopt_engine::sanitizer::{self, SanitizerResult};
 use kopt_engine::verdict::{Judge, Verdict};
 use kopt_spec::expr::Expr;
+use kopt_spec::selection::{self, UsableVariant};
 use kopt_spec::shapes::{held_out_byte_cap, held_out_shapes_for, ShapeCase};
 use kopt_spec::spec::Shape;
-use kopt_spec::store::{self, UsableVariant};
 use serde::Serialize;
 
 use kopt_workspace::gather::{Gathered, Kernel};
@@ -387,7 +387,7 @@ pub fn bench(
         let mut groups: Vec<(String, KernelVersion, Vec<String>)> = Vec::new();
         for s in &k.spec.shapes {
             let args = k.spec.shape_args(s);
-            let (id, v) = match store::select(&k.state, &k.spec, &device.arch, &args) {
+            let (id, v) = match selection::select(&k.state, &k.spec, &device.arch, &args) {
                 Some((e, u)) => (e.variant.clone(), version(u)),
                 None => (
                     "reference".to_string(),

@@ -1994,7 +1994,7 @@ pub fn tried_case(
     r: &kopt_agent::proposal::Resolved,
     v: &Verdict,
 ) -> kopt_store::cases::Case {
-    use kopt_store::cases::{Case, CaseDiagnosis, Features, Origin, Outcome, Status};
+    use kopt_store::cases::{Case, CaseDiagnosis, CaseOutcome, Features, Origin, Status};
     let speedups: Vec<f64> = v.shapes.iter().filter_map(|s| s.speedup).collect();
     let geo = (!speedups.is_empty())
         .then(|| (speedups.iter().map(|x| x.ln()).sum::<f64>() / speedups.len() as f64).exp());
@@ -2021,7 +2021,7 @@ pub fn tried_case(
             .map(|c| format!("{}: {}", c.what, c.why))
             .collect::<Vec<_>>()
             .join("; "),
-        outcome: Outcome {
+        outcome: CaseOutcome {
             speedup: geo,
             status: match (&failure, v.accepted) {
                 (None, true) => Status::Accepted,

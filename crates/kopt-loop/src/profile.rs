@@ -45,14 +45,14 @@ pub struct Options {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Outcome {
+pub struct ProfileOutcome {
     pub run_id: String,
     /// The run folder's profile of this kernel.
     pub dir: PathBuf,
     pub snapshot: Snapshot,
 }
 
-impl Outcome {
+impl ProfileOutcome {
     /// 0 classified; 1 nothing measured.
     pub fn exit_code(&self) -> u8 {
         if self.snapshot.classification.is_some() {
@@ -67,7 +67,7 @@ pub fn profile(
     g: &Gathered,
     o: &Options,
     progress: &mut dyn FnMut(&str),
-) -> Result<Outcome, String> {
+) -> Result<ProfileOutcome, String> {
     let k = commands::find(g, &o.kernel).map_err(|e| e.to_string())?;
     let version = eval::chosen_version(k, o.variant.as_deref())?;
     let shape = match &o.shape {
@@ -187,7 +187,7 @@ pub fn profile(
         })
         .and_then(|_| journal.append(Event::RunFinished { summary }))
         .map_err(|e| e.to_string())?;
-    Ok(Outcome {
+    Ok(ProfileOutcome {
         run_id,
         dir,
         snapshot: snap,

@@ -31,7 +31,7 @@ use kopt_search::bench::{self, Landscape, Row};
 use kopt_search::interesting::Interesting;
 use kopt_search::journal::{self, Header, SearchJournal};
 use kopt_search::run::{
-    self, Both, Budget, Compiled, Compiler, Control, Evaluator, Observer, Outcome, PointSpec,
+    self, Both, Budget, Compiled, Compiler, Control, Evaluator, Observer, PointOutcome, PointSpec,
     Prior, Record, Settings, Status, Summary,
 };
 use kopt_search::seed::{self, Bottleneck, Guide, ParameterMatrix, SnapshotHints};
@@ -313,7 +313,7 @@ impl<'a> EngineEvaluator<'a> {
         &mut self,
         v: KernelVersion,
         progress: &mut dyn FnMut(&str),
-    ) -> (Outcome, Verdict) {
+    ) -> (PointOutcome, Verdict) {
         let mut job = eval::job(self.g, self.k, v, None, &self.settings, true);
         job.reference = self.reference.clone();
         let t = Instant::now();
@@ -395,10 +395,10 @@ fn outcome(
     device: &DeviceInfo,
     report: &Result<kopt_engine::protocol::EvalReport, kopt_engine::parent::WorkerFailure>,
     verdict: &Verdict,
-) -> Outcome {
+) -> PointOutcome {
     let failure = verdict.failures.iter().find(|f| f.fence != Fence::Watchdog);
     let mut o = match failure {
-        Some(f) => Outcome::failed(
+        Some(f) => PointOutcome::failed(
             Status::Failed,
             f.fence.name(),
             format!(
@@ -426,9 +426,9 @@ fn outcome(
                 }
             }
             if w_sum > 0.0 {
-                Outcome::passed((log_sum / w_sum).exp())
+                PointOutcome::passed((log_sum / w_sum).exp())
             } else {
-                Outcome::failed(
+                PointOutcome::failed(
                     Status::Failed,
                     "timing",
                     "no declared shape was timed".into(),
@@ -496,7 +496,7 @@ impl Evaluator for EngineEvaluator<'_> {
         p: &PointSpec,
         compiled: Option<&Compiled>,
         progress: &mut dyn FnMut(&str),
-    ) -> Outcome {
+    ) -> PointOutcome {
         let code = match compiled {
             Some(Compiled::Ok { code, .. }) => Some(code.as_str()),
             _ => None,
@@ -508,7 +508,7 @@ impl Evaluator for EngineEvaluator<'_> {
 
 /// A snapshot from the reference's own evaluation: the bottleneck of the shape that
 /// takes it longest.
-pub fn hints_from_reference(reference: &Outcome) -> SnapshotHints {
+pub fn hints_from_reference(reference: &PointOutcome) -> SnapshotHints {
     let m = &reference.metrics;
     let get = |k: &str| m.get(k).copied();
     let occupancy = get("occupancy_pct");
@@ -824,7 +824,7 @@ fn measure_reference(
     ev: &mut EngineEvaluator<'_>,
     space: &Space,
     progress: &mut dyn FnMut(&str),
-) -> Result<Outcome, String> {
+) -> Result<PointOutcome, String> {
     let p = match space.default_point() {
         Some(id) => PointSpec::of(space, id),
         None => PointSpec {
@@ -1413,7 +1413,7 @@ pub fn search_bench(
             .map(|r| r.outcome.compile_seconds)
             .sum::<f64>()
         / n;
-    let table: HashMap<usize, Outcome> = summary
+    let table: HashMap<usize, PointOutcome> = summary
         .records
         .iter()
         .map(|r| (r.id, r.outcome.clone()))
@@ -1524,7 +1524,7 @@ mod tests {
 
     #[test]
     fn the_reference_evaluation_becomes_a_snapshot() {
-        let mut o = Outcome::passed(1.0);
+        let mut o = PointOutcome::passed(1.0);
         for (k, v) in [
             ("occupancy_pct", 100.0),
             ("registers", 18.0),

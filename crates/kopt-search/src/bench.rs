@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::interesting::Interesting;
-use crate::run::{self, Budget, Evaluator, Outcome, PointSpec, Prior, Quiet, Settings};
+use crate::run::{self, Budget, Evaluator, PointOutcome, PointSpec, Prior, Quiet, Settings};
 use crate::seed::Guide;
 use crate::space::Space;
 use crate::strategy::StrategyKind;
@@ -51,7 +51,7 @@ pub fn median(v: &mut [f64]) -> Option<f64> {
 }
 
 /// The landscape of a table of outcomes (one per point).
-pub fn landscape(space: &Space, table: &HashMap<usize, Outcome>, target: f64) -> Landscape {
+pub fn landscape(space: &Space, table: &HashMap<usize, PointOutcome>, target: f64) -> Landscape {
     let mut costs: Vec<(usize, f64)> = table
         .iter()
         .filter_map(|(id, o)| o.cost.map(|c| (*id, c)))
@@ -77,7 +77,7 @@ pub fn landscape(space: &Space, table: &HashMap<usize, Outcome>, target: f64) ->
 
 /// Answers from a table, as measured.
 pub struct Replay<'a> {
-    pub table: &'a HashMap<usize, Outcome>,
+    pub table: &'a HashMap<usize, PointOutcome>,
 }
 
 impl Evaluator for Replay<'_> {
@@ -86,9 +86,9 @@ impl Evaluator for Replay<'_> {
         p: &PointSpec,
         _c: Option<&run::Compiled>,
         _progress: &mut dyn FnMut(&str),
-    ) -> Outcome {
+    ) -> PointOutcome {
         self.table.get(&p.id).cloned().unwrap_or_else(|| {
-            Outcome::failed(
+            PointOutcome::failed(
                 run::Status::Failed,
                 "not-measured",
                 format!("`{}` was not measured by the exhaustive run", p.label),
@@ -234,7 +234,7 @@ pub fn row(strategy: StrategyKind, seeded: bool, trials: Vec<Trial>) -> Row {
 #[allow(clippy::too_many_arguments)]
 pub fn convergence(
     space: &Space,
-    table: &HashMap<usize, Outcome>,
+    table: &HashMap<usize, PointOutcome>,
     guide: Option<&Guide>,
     interesting: &dyn Fn() -> Interesting,
     strategies: &[StrategyKind],

@@ -24,7 +24,7 @@ use kopt_store::journal::{Event, Journal};
 use kopt_store::KoptDir;
 use serde::{Deserialize, Serialize};
 
-use crate::run::{Budget, Control, Observer, Outcome, Prior, Record, StopReason, Summary};
+use crate::run::{Budget, Control, Observer, PointOutcome, Prior, Record, StopReason, Summary};
 use crate::seed::{ParameterMatrix, SnapshotHints};
 use crate::space::{OptionAxes, Space};
 use crate::strategy::StrategyKind;
@@ -112,7 +112,7 @@ struct PointFile {
     label: String,
     values: BTreeMap<String, i64>,
     elapsed: f64,
-    outcome: Outcome,
+    outcome: PointOutcome,
 }
 
 /// An open search journal; also the [`Observer`] that writes it.

@@ -31,7 +31,7 @@ pub mod space;
 pub mod strategy;
 pub mod synthetic;
 
-pub use run::{Budget, Evaluator, Outcome, Settings};
+pub use run::{Budget, Evaluator, PointOutcome, Settings};
 pub use seed::{Bottleneck, Guide, ParameterMatrix, SnapshotHints};
 pub use space::{OptionAxes, Space};
 pub use strategy::StrategyKind;

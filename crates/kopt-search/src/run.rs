@@ -40,7 +40,7 @@ pub enum Status {
 
 /// What evaluating one point gave.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Outcome {
+pub struct PointOutcome {
     pub status: Status,
     /// Lower is better; present when the point passed. The engine's is the weighted
     /// geometric mean, over the timed shapes, of the point's time over the reference's
@@ -72,9 +72,9 @@ pub struct Outcome {
     pub cached: bool,
 }
 
-impl Outcome {
+impl PointOutcome {
     pub fn passed(cost: f64) -> Self {
-        Outcome {
+        PointOutcome {
             status: Status::Passed,
             cost: Some(cost),
             failure: None,
@@ -89,12 +89,12 @@ impl Outcome {
     }
 
     pub fn failed(status: Status, failure: &str, detail: String) -> Self {
-        Outcome {
+        PointOutcome {
             status,
             cost: None,
             failure: Some(failure.to_string()),
             detail,
-            ..Outcome::passed(0.0)
+            ..PointOutcome::passed(0.0)
         }
     }
 
@@ -169,7 +169,7 @@ pub trait Evaluator {
         p: &PointSpec,
         compiled: Option<&Compiled>,
         progress: &mut dyn FnMut(&str),
-    ) -> Outcome;
+    ) -> PointOutcome;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -344,7 +344,7 @@ impl Drop for CompilePool {
 #[derive(Debug, Clone, Default)]
 pub struct History {
     order: Vec<usize>,
-    outcomes: HashMap<usize, Outcome>,
+    outcomes: HashMap<usize, PointOutcome>,
     best: Option<usize>,
 }
 
@@ -353,7 +353,7 @@ impl History {
         self.outcomes.contains_key(&id)
     }
 
-    pub fn get(&self, id: usize) -> Option<&Outcome> {
+    pub fn get(&self, id: usize) -> Option<&PointOutcome> {
         self.outcomes.get(&id)
     }
 
@@ -380,7 +380,7 @@ impl History {
         self.best
     }
 
-    fn insert(&mut self, space: &Space, id: usize, o: Outcome) {
+    fn insert(&mut self, space: &Space, id: usize, o: PointOutcome) {
         self.order.push(id);
         let better = match (o.cost, self.best.and_then(|b| self.cost(b))) {
             (Some(c), Some(b)) => c < b,
@@ -446,7 +446,7 @@ impl Default for Settings {
 /// Outcomes known before the run starts (from an interrupted run's journal).
 #[derive(Debug, Clone, Default)]
 pub struct Prior {
-    pub outcomes: HashMap<usize, Outcome>,
+    pub outcomes: HashMap<usize, PointOutcome>,
     /// Wall time the interrupted run had spent, seconds.
     pub elapsed: f64,
 }
@@ -460,7 +460,7 @@ pub struct Record {
     pub id: usize,
     pub label: String,
     pub values: BTreeMap<String, i64>,
-    pub outcome: Outcome,
+    pub outcome: PointOutcome,
     /// Answered from the prior (journal), not evaluated in this process.
     pub replayed: bool,
     /// Seconds since the run started (its interrupted part included).
@@ -707,7 +707,7 @@ pub fn run(
                     let o = match &compiled {
                         Some(Compiled::Failed { log, seconds }) => {
                             let mut o =
-                                Outcome::failed(Status::CompileFailed, "compile", log.clone());
+                                PointOutcome::failed(Status::CompileFailed, "compile", log.clone());
                             o.compile_seconds = *seconds;
                             o
                         }

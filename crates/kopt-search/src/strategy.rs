@@ -22,7 +22,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::rng::Rng;
-use crate::run::{History, Outcome};
+use crate::run::{History, PointOutcome};
 use crate::seed::Guide;
 use crate::space::{Point, Space};
 
@@ -48,7 +48,7 @@ pub trait Strategy {
     /// The next points to evaluate, in order; empty when the strategy has nothing left.
     fn ask(&mut self, cx: &Context<'_>) -> Vec<usize>;
     /// An evaluated point (asked for, or already known to the run).
-    fn tell(&mut self, _cx: &Context<'_>, _id: usize, _outcome: &Outcome) {}
+    fn tell(&mut self, _cx: &Context<'_>, _id: usize, _outcome: &PointOutcome) {}
     /// Points it may ask for soon, for the compile pool to prepare ahead.
     fn lookahead(&self, _cx: &Context<'_>, _n: usize) -> Vec<usize> {
         Vec::new()
@@ -480,7 +480,7 @@ impl Strategy for HillClimb {
         }
     }
 
-    fn tell(&mut self, cx: &Context<'_>, id: usize, _outcome: &Outcome) {
+    fn tell(&mut self, cx: &Context<'_>, id: usize, _outcome: &PointOutcome) {
         if let Some(cur) = self.current {
             if id != cur && improves(cx.history, id, cur) {
                 self.move_to(cx, id);

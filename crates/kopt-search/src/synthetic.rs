@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kopt_spec::KernelSpec;
 
-use crate::run::{Compiled, Compiler, Evaluator, Outcome, PointSpec, Status};
+use crate::run::{Compiled, Compiler, Evaluator, PointOutcome, PointSpec, Status};
 
 /// A spec for a row kernel `k(x, y, rows, cols)` with the given extra annotation text
 /// (tunables, constraints...), launch text (`grid = ..., block = ...`) and
@@ -117,7 +117,7 @@ impl Evaluator for Synthetic {
         p: &PointSpec,
         compiled: Option<&Compiled>,
         _progress: &mut dyn FnMut(&str),
-    ) -> Outcome {
+    ) -> PointOutcome {
         if self.with_compiler {
             assert!(
                 matches!(compiled, Some(Compiled::Ok { code, .. }) if code == &format!("// code of {}", p.label)),
@@ -131,7 +131,7 @@ impl Evaluator for Synthetic {
             .map(|m| m(&p.defines, &p.options))
             .unwrap_or_default();
         if self.breaks_tolerance.iter().any(|o| p.options.contains(o)) {
-            let mut o = Outcome::failed(
+            let mut o = PointOutcome::failed(
                 Status::Failed,
                 "numerics",
                 format!("{}: y differs", p.label),
@@ -141,8 +141,8 @@ impl Evaluator for Synthetic {
             return o;
         }
         let mut o = match (self.cost)(&p.defines, &p.options) {
-            Some(c) if c.is_finite() => Outcome::passed(c),
-            _ => Outcome::failed(Status::Failed, "launch", format!("{} fails", p.label)),
+            Some(c) if c.is_finite() => PointOutcome::passed(c),
+            _ => PointOutcome::failed(Status::Failed, "launch", format!("{} fails", p.label)),
         };
         o.metrics = metrics;
         o.seconds = 0.001;

@@ -207,7 +207,7 @@ fn a_run_resumes_only_as_itself() {
         id: 0,
         label: space.label(0),
         values: space.values(0),
-        outcome: run::Outcome::passed(1.0),
+        outcome: run::PointOutcome::passed(1.0),
         replayed: false,
         elapsed: 0.5,
         interesting: None,

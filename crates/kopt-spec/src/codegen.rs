@@ -15,9 +15,9 @@ use quote::{format_ident, quote};
 
 use crate::expr::{BinOp, Func, Op};
 use crate::files;
+use crate::selection::{self, Hashes, KernelState};
 use crate::source;
 use crate::spec::{self, KernelArgRef, KernelSpec, Launcher, Param};
-use crate::store::{self, Hashes, KernelState};
 
 /// Where the expansion happens.
 #[derive(Debug, Clone)]
@@ -56,7 +56,7 @@ fn try_expand(
         ));
     }
     let hashes = Hashes::of(&spec, &reference);
-    let state = store::resolve(&cx.crate_root, &spec, &hashes);
+    let state = selection::resolve(&cx.crate_root, &spec, &hashes);
     Ok(generate(
         &spec,
         &launcher,

@@ -7,15 +7,15 @@
 //! - [`source`]: include resolution (amalgamation) and hashing of kernel sources;
 //! - [`shapes`]: shape arithmetic: bytes, coordinates, and the held-out shapes;
 //! - [`files`]: `kopt.lock`, `variant.toml`, `rationale.json`, `RATIONALE.md`;
-//! - [`store`]: which committed variants are usable, and why not;
+//! - [`selection`]: which committed variants are usable, and why not;
 //! - [`codegen`]: the macro's expansion.
 
 pub mod codegen;
 pub mod expr;
 pub mod files;
+pub mod selection;
 pub mod shapes;
 pub mod source;
 pub mod spec;
-pub mod store;
 
 pub use spec::KernelSpec;

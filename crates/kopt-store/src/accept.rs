@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use kopt_spec::files::{
     self, Claim, ClaimedFiles, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy,
 };
+use kopt_spec::selection::{self, Hashes, Unusable};
 use kopt_spec::source::{self, Amalgamated};
 use kopt_spec::spec::KernelSpec;
-use kopt_spec::store::{self, Hashes, Unusable};
 use serde::Serialize;
 
 use crate::journal::{self, Decision, Event};
@@ -127,7 +127,7 @@ pub struct AcceptPlan {
     arch_entries_when_planned: Vec<LockEntry>,
 }
 
-fn status_of(state: &store::KernelState, e: &LockEntry) -> String {
+fn status_of(state: &selection::KernelState, e: &LockEntry) -> String {
     state
         .entries
         .iter()
@@ -141,7 +141,7 @@ fn status_of(state: &store::KernelState, e: &LockEntry) -> String {
 
 fn replaced_variant(
     t: &KernelTarget,
-    state: &store::KernelState,
+    state: &selection::KernelState,
     e: &LockEntry,
 ) -> ReplacedVariant {
     let vdir = t.kernel_dir().join(&e.variant);
@@ -265,7 +265,7 @@ pub fn plan_accept(
     check_usable(t, kopt, &entry, &p.source, &variant_text, &p.rationale)?;
 
     let lock = t.read_lock()?;
-    let state = store::resolve(t.crate_root, t.spec, t.hashes);
+    let state = selection::resolve(t.crate_root, t.spec, t.hashes);
     let arch_entries: Vec<LockEntry> = lock
         .as_ref()
         .map(|l| l.entries_for(&entry.arch).cloned().collect())
@@ -310,7 +310,7 @@ pub fn plan_accept(
 }
 
 /// Lays the variant and a lock holding only its entry out in a scratch crate and resolves
-/// them with [`store::resolve`], the function the macro uses: if the build could not use
+/// them with [`selection::resolve`], the function the macro uses: if the build could not use
 /// the variant, accepting it is refused now rather than discovered at build time.
 fn check_usable(
     t: &KernelTarget,
@@ -333,7 +333,7 @@ fn check_usable(
         let mut lock = LockFile::new(t.kernel());
         lock.accepted.push(entry.clone());
         write(kdir.join(files::LOCK_FILE), &lock.render())?;
-        let state = store::resolve(&scratch, t.spec, t.hashes);
+        let state = selection::resolve(&scratch, t.spec, t.hashes);
         match state.entries.first().map(|e| &e.status) {
             Some(Ok(_)) if state.problems.is_empty() => Ok(()),
             Some(Err(why)) => Err(Error::Invalid(format!(
@@ -668,7 +668,7 @@ pub fn reactivate(
             "`{variant}` is already the accepted variant of `{kernel}` for {arch}"
         )));
     }
-    let state = store::resolve(t.crate_root, t.spec, t.hashes);
+    let state = selection::resolve(t.crate_root, t.spec, t.hashes);
     let replaced = current
         .iter()
         .map(|e| replaced_variant(t, &state, e))

@@ -62,7 +62,7 @@ pub struct Case {
     pub diagnosis: CaseDiagnosis,
     /// What was changed, and why.
     pub change: String,
-    pub outcome: Outcome,
+    pub outcome: CaseOutcome,
     pub origin: Origin,
 }
 
@@ -88,7 +88,7 @@ pub struct CaseDiagnosis {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Outcome {
+pub struct CaseOutcome {
     /// Over the version it was compared with (geometric mean over shapes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speedup: Option<f64>,
@@ -398,7 +398,7 @@ impl CaseLibrary {
                     explanation: r.get(6)?,
                 },
                 change: r.get(7)?,
-                outcome: Outcome {
+                outcome: CaseOutcome {
                     speedup: r.get(8)?,
                     status: Status::parse(&status).map_err(|e| {
                         rusqlite::Error::FromSqlConversionFailure(
@@ -861,7 +861,7 @@ pub fn case_from_rationale(v: &VariantCase) -> Case {
             .map(|c| format!("{}: {}", c.what, c.why))
             .collect::<Vec<_>>()
             .join("\n"),
-        outcome: Outcome {
+        outcome: CaseOutcome {
             speedup,
             status: v.status,
             failure_class: v.failure_class.clone(),
@@ -1031,7 +1031,7 @@ mod tests {
                 explanation: String::new(),
             },
             change: String::new(),
-            outcome: Outcome {
+            outcome: CaseOutcome {
                 speedup: None,
                 status,
                 failure_class: None,

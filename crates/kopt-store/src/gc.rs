@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use kopt_spec::files::{self, LockFile, Rationale};
-use kopt_spec::store::variant_folders;
+use kopt_spec::selection::variant_folders;
 use serde::Serialize;
 
 use crate::{fsx, io, Error, Result};

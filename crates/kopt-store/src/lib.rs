@@ -19,7 +19,7 @@
 //!   kind) shared by the case library and its importer.
 //!
 //! The crate knows the committed formats only through `kopt-spec` (one parser, one hash
-//! function, one decision of what the build may use: `kopt_spec::store::resolve`). It
+//! function, one decision of what the build may use: `kopt_spec::selection::resolve`). It
 //! knows nothing of the GPU: the verification engine hands it plain data.
 
 pub mod accept;

@@ -1,18 +1,18 @@
 //! Pending variants, accept (including interrupted ones), reject and re-activation, on a
-//! scratch crate, with the build's own decision (`kopt_spec::store::resolve`) as judge.
+//! scratch crate, with the build's own decision (`kopt_spec::selection::resolve`) as judge.
 
 mod common;
 
 use common::Fixture;
 use kopt_spec::files::{self, LockFile, Rationale, VerifiedBy};
-use kopt_spec::store;
+use kopt_spec::selection;
 use kopt_store::accept::{self, CrashPoint, FolderAction};
 use kopt_store::journal::{Decision, Event, Journal};
 use kopt_store::{pending, Error};
 
 /// Which variants the build would use for sm_90, in order; panics on anything unusable.
 fn usable(f: &Fixture) -> Vec<String> {
-    let state = store::resolve(&f.crate_root, &f.spec, &f.hashes);
+    let state = selection::resolve(&f.crate_root, &f.spec, &f.hashes);
     for e in &state.entries {
         assert!(
             e.status.is_ok(),

@@ -6,9 +6,9 @@ use std::path::Path;
 use kopt_spec::files::{
     self, Claim, ClaimedFiles, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy,
 };
+use kopt_spec::selection::{self, Problem, Unusable};
 use kopt_spec::source;
 use kopt_spec::spec::shape_label;
-use kopt_spec::store::{self, Problem, Unusable};
 use serde::Serialize;
 
 use crate::gather::{rel, Gathered, Kernel};
@@ -106,7 +106,7 @@ pub struct Checked {
 
 /// Every problem of the committed files and annotations; no problem means the check
 /// passes. Every variant folder is checked against its own audit record, not only those
-/// a lock names (`kopt_spec::store::audit_variant_folders`).
+/// a lock names (`kopt_spec::selection::audit_variant_folders`).
 pub fn check(g: &Gathered) -> Checked {
     let mut notes = Vec::new();
     let mut problems = Vec::new();
@@ -121,7 +121,7 @@ pub fn check(g: &Gathered) -> Checked {
     }
     for k in &g.kernels {
         problems.extend(k.state.problems.iter().cloned());
-        let audit = store::audit_variant_folders(&k.crate_root, &k.spec.name, &k.state);
+        let audit = selection::audit_variant_folders(&k.crate_root, &k.spec.name, &k.state);
         problems.extend(audit.problems);
         notes.extend(
             audit

@@ -20,7 +20,7 @@ use kopt::CompiledEntry;
 use kopt_engine::job::KernelVersion;
 use kopt_engine::precompile::{self, Match, Refused};
 use kopt_spec::files::{self, CompileFigures};
-use kopt_spec::store::Problem;
+use kopt_spec::selection::Problem;
 use serde::Serialize;
 
 use crate::gather::{Gathered, Kernel};

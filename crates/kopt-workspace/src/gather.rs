@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
+use kopt_spec::selection::{self, Hashes, KernelState};
 use kopt_spec::source::{self, Amalgamated};
 use kopt_spec::spec::{self, KernelSpec};
-use kopt_spec::store::{self, Hashes, KernelState};
 
 /// Which packages to look at, as cargo's `-p`, `--workspace` and `--exclude` say.
 #[derive(Debug, Clone, Default)]
@@ -258,7 +258,7 @@ fn gather_file(package: &str, root: &Path, file: &Path, out: &mut Gathered) {
             ));
         }
         let hashes = Hashes::of(&spec, &reference);
-        let state = store::resolve(root, &spec, &hashes);
+        let state = selection::resolve(root, &spec, &hashes);
         out.kernels.push(Kernel {
             package: package.to_string(),
             crate_root: root.to_path_buf(),

@@ -63,7 +63,7 @@ fn print_audit_notes(notes: &[String]) {
     }
 }
 
-fn print_check(g: &Gathered, problems: &[kopt_spec::store::Problem]) {
+fn print_check(g: &Gathered, problems: &[kopt_spec::selection::Problem]) {
     let mut out = anstream::stdout();
     let variants: usize = g.kernels.iter().map(|k| k.state.entries.len()).sum();
     if problems.is_empty() {

@@ -71,7 +71,7 @@ impl Setup {
         &self,
         replies: &[String],
         budget: &Budget,
-    ) -> (run::Outcome, Vec<run::Event>) {
+    ) -> (run::LoopOutcome, Vec<run::Event>) {
         let rt = runtime();
         let server = rt.block_on(MockServer::start());
         script(&rt, &server, replies.iter().map(|r| openai(r)).collect());
@@ -114,7 +114,7 @@ impl Setup {
         client: &mut Client,
         reviewer: Option<&mut Client>,
         budget: &Budget,
-    ) -> run::Outcome {
+    ) -> run::LoopOutcome {
         let mut engine = self.engine();
         let mut gpu = self.gpu(&mut engine);
         run::optimize(
@@ -268,7 +268,7 @@ fn client(server: &MockServer) -> Client {
     Client::new(Box::new(OpenAi::new(endpoint(server)))).with_sleep(|_| {})
 }
 
-fn verdicts(o: &run::Outcome) -> Vec<(String, bool, String)> {
+fn verdicts(o: &run::LoopOutcome) -> Vec<(String, bool, String)> {
     o.tried
         .iter()
         .map(|t| {

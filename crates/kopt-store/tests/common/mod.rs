@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kopt_spec::files::{self, Rationale, VariantFile, VerifiedBy};
+use kopt_spec::selection::Hashes;
 use kopt_spec::source::{self, Amalgamated};
 use kopt_spec::spec::{self, KernelSpec};
-use kopt_spec::store::Hashes;
 use kopt_store::accept::KernelTarget;
 use kopt_store::pending::{EvidenceSummary, Fence, PendingMeta, PendingVariant};
 use kopt_store::KoptDir;
