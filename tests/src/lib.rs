@@ -61,13 +61,11 @@ pub fn nvcc_or_skip() -> bool {
     ok
 }
 
-/// What the scripted agent of `agents_dir` (`examples/*/agents/scripted-agent.sh`) answers
-/// the loop for `kernel`: the text of its proposal, every candidate's source written out
-/// from the file it points at (`scripts/scripted_agent.py`). Panics with the agent's stderr
-/// when it fails.
-pub fn scripted_answer(agents_dir: &Path, kernel: &str) -> String {
+/// Runs a scripted agent (`cmd` with `KOPT_PROPOSALS` unset) on a request for `kernel`, as
+/// the loop would: the request on stdin, the answer on stdout.
+pub fn ask_scripted_agent(mut cmd: Command, kernel: &str) -> Output {
     use std::io::Write;
-    let mut child = Command::new(agents_dir.join("scripted-agent.sh"))
+    let mut child = cmd
         .env_remove("KOPT_PROPOSALS")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -81,7 +79,15 @@ pub fn scripted_answer(agents_dir: &Path, kernel: &str) -> String {
         .unwrap()
         .write_all(request.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// What the scripted agent of `agents_dir` (`examples/*/agents/scripted-agent.sh`) answers
+/// the loop for `kernel`: the text of its proposal, every candidate's source written out
+/// from the file it points at (`scripts/scripted_agent.py`). Panics with the agent's stderr
+/// when it fails.
+pub fn scripted_answer(agents_dir: &Path, kernel: &str) -> String {
+    let out = ask_scripted_agent(Command::new(agents_dir.join("scripted-agent.sh")), kernel);
     assert!(
         out.status.success(),
         "{}/scripted-agent.sh for {kernel}: {}",

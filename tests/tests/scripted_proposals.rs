@@ -354,25 +354,9 @@ fn the_scripted_agent_refuses_a_stale_patch_and_a_missing_source() {
     };
     let agent = repo_root().join("scripts/scripted_agent.py");
     let answer = |kernel: &str| {
-        use std::io::Write;
-        let mut child = std::process::Command::new("python3")
-            .arg(&agent)
-            .arg("answer")
-            .arg(d)
-            .env_remove("KOPT_PROPOSALS")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let request = format!("# Kernel `{kernel}`\n");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(request.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
+        let mut cmd = std::process::Command::new("python3");
+        cmd.arg(&agent).arg("answer").arg(d);
+        kopt_tests::ask_scripted_agent(cmd, kernel)
     };
     std::fs::write(
         d.join("stale.proposal.json"),
