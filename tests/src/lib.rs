@@ -106,6 +106,41 @@ pub fn scripted_answer(agents_dir: &Path, kernel: &str) -> String {
         .to_string()
 }
 
+/// Every shape the engine can draw as held out for `spec`, over 64 seeds, after the declared
+/// ones: what a candidate's launch rule must give a geometry for.
+pub fn every_drawable_shape(
+    spec: &kopt_spec::KernelSpec,
+) -> Vec<std::collections::BTreeMap<String, kopt_spec::spec::Number>> {
+    let max_bytes = kopt_spec::shapes::held_out_byte_cap(spec);
+    let mut out: Vec<_> = spec.shapes.iter().map(|s| s.values.clone()).collect();
+    for seed in 0..64 {
+        for s in kopt_spec::shapes::held_out_shapes(spec, None, seed, 64, max_bytes) {
+            if !out.contains(&s.values) {
+                out.push(s.values);
+            }
+        }
+    }
+    out
+}
+
+/// A launch expression of a proposal (`text`) parsed as the loop parses it: over the spec's
+/// integer names and the proposal's `defines`.
+pub fn parse_launch_expr(
+    spec: &kopt_spec::KernelSpec,
+    defines: &std::collections::BTreeMap<String, i64>,
+    text: &str,
+) -> kopt_spec::expr::Expr {
+    use kopt_spec::expr::{Ty, VarKind};
+    let names: Vec<&str> = defines.keys().map(String::as_str).collect();
+    let kinds = |n: &str| {
+        spec.var_kind_with(n, &names)
+            .or_else(|| names.contains(&n).then_some(VarKind::Int))
+    };
+    let mut all = spec.int_names();
+    all.extend(names.iter().map(|n| n.to_string()));
+    kopt_spec::expr::parse_str(text, Ty::Int, &kinds, &all).unwrap()
+}
+
 /// A temporary workspace holding a copy of `examples/llm-kernels`, depending on this
 /// repository's kopt crates by path and pinned by this repository's Cargo.lock.
 pub struct ExampleWorkspace {

@@ -19,8 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kopt_agent::proposal::{self, ProposalSet};
-use kopt_spec::expr::{self, Ty, VarKind};
-use kopt_spec::spec::{KernelSpec, Number};
+use kopt_spec::spec::KernelSpec;
 use kopt_tests::repo_root;
 
 /// The files of `kernels/candle/` that are candle-kernels' (`src/` of the crate).
@@ -113,36 +112,13 @@ fn proposal_text(kernel: &str) -> String {
     text
 }
 
-/// Every shape the engine can draw as held out, over many seeds, plus the declared ones.
-fn all_shapes(spec: &KernelSpec) -> Vec<BTreeMap<String, Number>> {
-    let max_bytes = kopt_spec::shapes::held_out_byte_cap(spec);
-    let mut out: Vec<BTreeMap<String, Number>> =
-        spec.shapes.iter().map(|s| s.values.clone()).collect();
-    for seed in 0..64 {
-        for s in kopt_spec::shapes::held_out_shapes(spec, None, seed, 64, max_bytes) {
-            if !out.contains(&s.values) {
-                out.push(s.values);
-            }
-        }
-    }
-    out
-}
-
 fn eval(
     spec: &KernelSpec,
     defines: &BTreeMap<String, i64>,
     text: &str,
     vars: &[(&str, i64)],
 ) -> i64 {
-    let names: Vec<&str> = defines.keys().map(String::as_str).collect();
-    let kinds = |n: &str| {
-        spec.var_kind_with(n, &names)
-            .or_else(|| names.contains(&n).then_some(VarKind::Int))
-    };
-    let mut all = spec.int_names();
-    all.extend(names.iter().map(|n| n.to_string()));
-    expr::parse_str(text, Ty::Int, &kinds, &all)
-        .unwrap()
+    kopt_tests::parse_launch_expr(spec, defines, text)
         .eval_named(vars)
         .unwrap()
 }
@@ -165,7 +141,7 @@ fn every_candidate_is_a_valid_proposal_launchable_on_every_shape() {
         // 16-byte vectors: 8 bf16 or 4 f32.
         let per_vector = if name.ends_with("bf16") { 8 } else { 4 };
         let declared = k.spec.shapes.len();
-        for (i, values) in all_shapes(&k.spec).iter().enumerate() {
+        for (i, values) in kopt_tests::every_drawable_shape(&k.spec).iter().enumerate() {
             let mut vars: Vec<(&str, i64)> = values
                 .iter()
                 .filter_map(|(n, v)| v.as_i64().map(|i| (n.as_str(), i)))

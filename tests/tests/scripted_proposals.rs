@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use kopt_agent::proposal::{self, ProposalSet};
-use kopt_spec::expr::{self, Expr, Ty, VarKind};
-use kopt_spec::spec::{KernelSpec, Number};
+use kopt_spec::expr::Expr;
+use kopt_spec::spec::KernelSpec;
 use kopt_tests::repo_root;
 
 const CLUSTER_ATTR: &str = "__cluster_dims__(";
@@ -83,32 +83,6 @@ fn cluster_x(source: &str, defines: &BTreeMap<String, i64>) -> Option<i64> {
         .or_else(|| define(source, arg))
 }
 
-/// Every shape the engine can draw as held out, over many seeds, plus the declared ones.
-fn all_shapes(spec: &KernelSpec) -> Vec<BTreeMap<String, Number>> {
-    let max_bytes = kopt_spec::shapes::held_out_byte_cap(spec);
-    let mut out: Vec<BTreeMap<String, Number>> =
-        spec.shapes.iter().map(|s| s.values.clone()).collect();
-    for seed in 0..64 {
-        for s in kopt_spec::shapes::held_out_shapes(spec, None, seed, 64, max_bytes) {
-            if !out.contains(&s.values) {
-                out.push(s.values);
-            }
-        }
-    }
-    out
-}
-
-fn parse_launch(spec: &KernelSpec, defines: &BTreeMap<String, i64>, text: &str) -> Expr {
-    let names: Vec<&str> = defines.keys().map(String::as_str).collect();
-    let kinds = |n: &str| {
-        spec.var_kind_with(n, &names)
-            .or_else(|| names.contains(&n).then_some(VarKind::Int))
-    };
-    let mut all = spec.int_names();
-    all.extend(names.iter().map(|n| n.to_string()));
-    expr::parse_str(text, Ty::Int, &kinds, &all).unwrap()
-}
-
 /// The proposal's defines, then the same with each combination of its `matrix` (the loop
 /// searches those around the candidate, so every one must launch too).
 fn define_sets(p: &proposal::Proposal) -> Vec<BTreeMap<String, i64>> {
@@ -154,19 +128,20 @@ fn check_launchable_with(
     let grid: Vec<Expr> = launch
         .grid
         .iter()
-        .map(|e| parse_launch(spec, defines, e))
+        .map(|e| kopt_tests::parse_launch_expr(spec, defines, e))
         .collect();
     let block: Vec<Expr> = launch
         .block
         .iter()
-        .map(|e| parse_launch(spec, defines, e))
+        .map(|e| kopt_tests::parse_launch_expr(spec, defines, e))
         .collect();
-    let smem = parse_launch(spec, defines, &launch.smem);
+    let smem = kopt_tests::parse_launch_expr(spec, defines, &launch.smem);
     let cluster = cluster_x(source, defines);
-    let launch_cluster: Option<Vec<Expr>> = launch
-        .cluster
-        .as_ref()
-        .map(|c| c.iter().map(|e| parse_launch(spec, defines, e)).collect());
+    let launch_cluster: Option<Vec<Expr>> = launch.cluster.as_ref().map(|c| {
+        c.iter()
+            .map(|e| kopt_tests::parse_launch_expr(spec, defines, e))
+            .collect()
+    });
     let split_scratch = (define(source, "MAX_ITEMS"), define(source, "MAX_PARTIALS"));
     assert_eq!(
         split_scratch.0.is_some(),
@@ -174,7 +149,7 @@ fn check_launchable_with(
         "{name}: MAX_ITEMS and MAX_PARTIALS must both be readable (an integer or a product of integers and defines), or the scratch check would not run"
     );
 
-    let shapes = all_shapes(spec);
+    let shapes = kopt_tests::every_drawable_shape(spec);
     assert!(
         shapes.len() > spec.shapes.len(),
         "{name}: no held-out shape drawn"
