@@ -28,7 +28,11 @@ pub fn target_dir() -> PathBuf {
 /// information, which would only take disk (CI has little). The CUDA version comes from
 /// the checked crate's own features, not from a `CUDARC_CUDA_VERSION` this test run was
 /// given for the workspace.
-pub fn cargo_check_other_workspace(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Output {
+pub fn cargo_check_other_workspace(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Output {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.arg("check")
         .args(args)

@@ -292,7 +292,7 @@ fn the_example_checks_with_the_wheels_nvcc() {
         &example(),
         &["--locked", "--all-targets"],
         // No GPU to ask: the H200's architecture.
-        &[("CUDA_COMPUTE_CAP", Path::new("90"))],
+        &[("CUDA_COMPUTE_CAP", std::ffi::OsStr::new("90"))],
     );
     assert!(
         out.status.success(),

@@ -17,7 +17,7 @@ fn fixtures_dir() -> PathBuf {
 
 /// `cargo check --locked --offline` of fixture `name`, with `env` set; fails with cargo's
 /// output.
-fn check(name: &str, env: &[(&str, &Path)]) {
+fn check(name: &str, env: &[(&str, &std::ffi::OsStr)]) {
     let started = Instant::now();
     let out =
         cargo_check_other_workspace(&fixtures_dir().join(name), &["--locked", "--offline"], env);
@@ -100,7 +100,7 @@ fn static_linking() {
             placeholders.join(", ")
         );
     }
-    check("static-linking", &[("CUDA_HOME", &home)]);
+    check("static-linking", &[("CUDA_HOME", home.as_os_str())]);
 }
 
 /// Where this machine keeps `file`: under `CUDA_HOME` (as the toolkit lays it out), or, for
