@@ -284,9 +284,11 @@ impl CompilePool {
 
 fn worker(shared: &PoolShared, compiler: &dyn Compiler) {
     loop {
+        // The job is marked busy under the same lock that takes it off its queue: in
+        // between, `take` would find it nowhere and queue it again (compiled twice).
         let job = {
             let mut s = shared.state.lock().unwrap_or_else(|p| p.into_inner());
-            loop {
+            let job = loop {
                 if s.shutdown {
                     return;
                 }
@@ -300,12 +302,10 @@ fn worker(shared: &PoolShared, compiler: &dyn Compiler) {
                     }
                 }
                 s = shared.cv.wait(s).unwrap_or_else(|e| e.into_inner());
-            }
-        };
-        {
-            let mut s = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            };
             s.busy.insert(job.id);
-        }
+            job
+        };
         // A compiler that panics fails this point; it must not leave `take` waiting.
         let c = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compiler.compile(&job)))
             .unwrap_or_else(|e| Compiled::Failed {
