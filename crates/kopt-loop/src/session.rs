@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use kopt_agent::context::{self, ContextInput, Feedback};
 use kopt_agent::proposal::{self, Proposal, ProposalSet, Resolved};
-use kopt_agent::run;
+use kopt_agent::run::{self, LoopState};
 use kopt_engine::engine::Engine;
 use kopt_engine::job::KernelVersion;
 use kopt_engine::verdict::Verdict;
@@ -86,17 +86,11 @@ struct KernelState {
     baseline: Option<optimize::BaselineTimes>,
     /// The starting version timed twice (see `cargo kopt optimize`): a win must clear it.
     noise: Option<optimize::TimingNoise>,
-    /// The current best verified candidate (`None`: the reference).
-    best: Option<Best>,
-    history: Vec<Feedback>,
+    /// The kernel's loop, stepped by `propose_variant` (created when the session's
+    /// starting point is settled): the best so far, what the agent was told.
+    steps: Option<LoopState<'static>>,
     /// The reference's bottleneck snapshot, once `profile` or `get_context` took it.
     snapshot: Option<kopt_profile::snapshot::Snapshot>,
-}
-
-struct Best {
-    id: String,
-    version: KernelVersion,
-    verdict: Verdict,
 }
 
 /// A candidate of this session and its verdict, for `explain_verdict` and `search`.
@@ -320,27 +314,49 @@ impl Session {
             },
             &mut |_| {},
         );
-        let state = self.kernels.entry(name.to_string()).or_default();
-        state.noise = noise;
-        if let (Some(s), Some(b)) = (start, baseline) {
-            state.best = Some(Best {
-                id: b.0.variant.clone(),
-                version: s.version,
-                verdict: s.verdict,
-            });
-            state.baseline = Some(b);
+        self.kernels.entry(name.to_string()).or_default().noise = noise;
+        let steps = self.steps(name)?;
+        if let (Some(s), Some(b)) = (&start, &baseline) {
+            steps.set_best(&b.0.variant, &s.version, &s.verdict);
         }
+        self.kernels.entry(name.to_string()).or_default().baseline = baseline;
         Ok(())
+    }
+
+    /// The kernel's loop, from the reference with this session's rules if its start did
+    /// not settle one.
+    fn steps(&mut self, name: &str) -> Result<&mut LoopState<'static>, ToolError> {
+        let rules = self.rules(name);
+        let reference = {
+            let k = self.kernel(name)?;
+            KernelVersion::reference(&k.spec, &k.reference.text)
+        };
+        Ok(self
+            .kernels
+            .entry(name.to_string())
+            .or_default()
+            .steps
+            .get_or_insert_with(|| {
+                LoopState::new(&reference, None, rules, run::Budget::unlimited(), None)
+            }))
+    }
+
+    /// The best verified version of the kernel in this session, with its name and
+    /// verdict (`None`: the reference).
+    fn best(&self, name: &str) -> Option<(&str, &KernelVersion, &Verdict)> {
+        let steps = self.kernels.get(name)?.steps.as_ref()?;
+        Some((
+            steps.best_label(),
+            steps.best_version(),
+            steps.best_verdict()?,
+        ))
     }
 
     /// The rule for a new best of this kernel: the session's minimum gain, raised above
     /// the noise measured at its start.
-    fn rules(&self, name: &str) -> kopt_agent::run::Rules {
-        let rules = kopt_agent::run::Rules {
-            min_gain: self.cfg.limits.min_gain,
-            min_uniform_gain: self.cfg.limits.min_uniform_gain,
-            ..kopt_agent::run::Rules::default()
-        };
+    fn rules(&self, name: &str) -> run::Rules {
+        let rules =
+            run::Rules::judge_only(self.cfg.limits.min_gain, self.cfg.limits.min_uniform_gain);
         match self.kernels.get(name).and_then(|s| s.noise.as_ref()) {
             Some(n) => rules.above_noise(&n.deviations),
             None => rules,
@@ -348,8 +364,8 @@ impl Session {
     }
 
     fn best_version(&self, k: &Kernel) -> (String, KernelVersion) {
-        match self.kernels.get(&k.spec.name).and_then(|s| s.best.as_ref()) {
-            Some(b) => (b.id.clone(), b.version.clone()),
+        match self.best(&k.spec.name) {
+            Some((label, version, _)) => (label.to_string(), version.clone()),
             None => (
                 "reference".into(),
                 KernelVersion::reference(&k.spec, &k.reference.text),
@@ -426,7 +442,7 @@ impl Session {
                     "launch_only": k.map(|k| k.spec.launch_only().map(|s| s.name.clone()).collect::<Vec<_>>()),
                     "variants": l.variants,
                     "pending": pending.pending.iter().filter(|p| p.kernel == l.kernel).map(|p| &p.variant).collect::<Vec<_>>(),
-                    "session_best": self.kernels.get(&l.kernel).and_then(|s| s.best.as_ref()).map(|b| json!({"candidate": b.id, "speedup": geo_speedup(&b.verdict)})),
+                    "session_best": self.best(&l.kernel).map(|(label, _, verdict)| json!({"candidate": label, "speedup": geo_speedup(verdict)})),
                 })
             })
             .collect();
@@ -454,10 +470,10 @@ impl Session {
         let (best_label, best) = self.best_version(k);
         let state = self.kernels.get(name);
         let launch = context::launch_text(&best.launch);
-        let figures = state
-            .and_then(|s| s.best.as_ref())
-            .map(|b| {
-                b.verdict
+        let figures = self
+            .best(name)
+            .map(|(_, _, verdict)| {
+                verdict
                     .shapes
                     .iter()
                     .filter(|s| !s.held_out)
@@ -494,7 +510,10 @@ impl Session {
             snapshot: snapshot.clone(),
             structure: structure.clone(),
             cases: cases.clone(),
-            history: state.map(|s| s.history.clone()).unwrap_or_default(),
+            history: state
+                .and_then(|s| s.steps.as_ref())
+                .map(|s| s.history().to_vec())
+                .unwrap_or_default(),
             hint: None,
             budget_tokens: 60_000,
         };
@@ -592,15 +611,9 @@ impl Session {
             .remove(0);
         self.proposals += 1;
         let id = format!("m{}", self.proposals);
-        let version = run::candidate_version(&best, &id, &resolved);
-        let best_us: Option<BTreeMap<String, f64>> = self
-            .kernels
-            .get(&a.kernel)
-            .and_then(|s| s.best.as_ref())
-            .map(|b| b.verdict.candidate_times());
         let artefact = self
             .journal
-            .save_artefact(&format!("{}-{id}.cu", a.kernel), &version.source)
+            .save_artefact(&format!("{}-{id}.cu", a.kernel), &resolved.source)
             .ok();
         let _ = self.journal.append(Event::Candidate {
             kernel: a.kernel.clone(),
@@ -611,15 +624,44 @@ impl Session {
         });
         let settings = self.cfg.settings.clone();
         self.engine()?;
-        let Session { g, engine, .. } = &mut *self;
+        self.steps(&a.kernel)?;
+        let Session {
+            g,
+            engine,
+            kernels,
+            proposals,
+            ..
+        } = &mut *self;
         let k = commands::find(g, &a.kernel).map_err(|e| invalid(e.to_string()))?;
         let engine = engine.as_mut().expect("started above");
         let ceilings = engine.ceilings(false).ok();
         let device = engine.device().map_err(|e| internal(e.to_string()))?;
         let mut evaluator = LoopEvaluator::new(g, k, engine, settings);
-        let verdict = run::Evaluate::evaluate(&mut evaluator, &version, best_us.as_ref());
+        let steps = kernels
+            .get_mut(&a.kernel)
+            .and_then(|s| s.steps.as_mut())
+            .expect("made above");
+        // The loop's round, judged by the loop's rule for a new best with this session's
+        // minimum gain, raised above the noise measured when the kernel's session started.
+        let round = steps.round(
+            *proposals,
+            vec![(id.clone(), resolved.clone())],
+            &mut run::Unreviewed,
+            &mut evaluator,
+            &mut |_| {},
+        );
         let job = evaluator.last_job.take();
-        let fb = run::feedback(self.proposals, &id, &verdict);
+        let run::Checked {
+            version,
+            verdict,
+            feedback: fb,
+            improved,
+            ..
+        } = round
+            .checked
+            .into_iter()
+            .next()
+            .ok_or_else(|| internal("the round verified no candidate"))?;
         let _ = self.journal.append(Event::Verdict {
             kernel: a.kernel.clone(),
             candidate: id.clone(),
@@ -629,10 +671,7 @@ impl Session {
             times_us: verdict.candidate_times(),
             artefacts: vec![],
         });
-        // The loop's rule for a new best, with this session's minimum gain, raised above
-        // the noise measured when the kernel's session started.
         let rules = self.rules(&a.kernel);
-        let improved = verdict.accepted && kopt_agent::run::improvement(&verdict, &rules).is_some();
         let mut pending = None;
         if improved {
             let k = self.kernel(&a.kernel)?;
@@ -676,15 +715,6 @@ impl Session {
                 .save_pending(&kopt, &p)
                 .map_err(|e| internal(e.to_string()))?;
             pending = Some(p.label());
-        }
-        let state = self.kernels.entry(a.kernel.clone()).or_default();
-        state.history.push(fb.clone());
-        if improved {
-            state.best = Some(Best {
-                id: id.clone(),
-                version: version.clone(),
-                verdict: verdict.clone(),
-            });
         }
         let mut v = layered(&id, &verdict, &fb);
         v["against"] = json!(best_label);
@@ -761,13 +791,11 @@ impl Session {
                 })
             }
             None => self
-                .kernels
-                .get(&a.kernel)
-                .and_then(|s| s.best.as_ref())
-                .map(|b| search::SearchBase {
-                    version: b.version.clone(),
-                    proposal: self.tried.get(&b.id).map(|t| t.resolved.proposal.clone()),
-                    gain_over_reference: geo_speedup(&b.verdict).unwrap_or(1.0),
+                .best(&a.kernel)
+                .map(|(label, version, verdict)| search::SearchBase {
+                    version: version.clone(),
+                    proposal: self.tried.get(label).map(|t| t.resolved.proposal.clone()),
+                    gain_over_reference: geo_speedup(verdict).unwrap_or(1.0),
                 }),
         };
         let o = search::SearchOptions {
@@ -832,11 +860,7 @@ impl Session {
                     verdict: verdict.clone(),
                 },
             );
-            self.kernels.entry(a.kernel.clone()).or_default().best = Some(Best {
-                id: id.clone(),
-                version,
-                verdict: verdict.clone(),
-            });
+            self.steps(&a.kernel)?.set_best(&id, &version, verdict);
             became = Some(id);
         }
         Ok(json!({

@@ -20,6 +20,12 @@
 //! Each point counts against the candidate budget; a budget that runs out mid-matrix
 //! stops the sweep and the loop, the best so far kept. A failing point is recorded in
 //! `tried` with its verdict but never counts towards an escalation.
+//!
+//! The rules, the judging and the budgets live in one [`LoopState`], stepped a round at
+//! a time ([`LoopState::round`]); [`optimize`] is the built-in driver that asks a model
+//! for each round's proposals, and the MCP server steps the same state with a coding
+//! agent's ([`Rules::judge_only`]: it escalates nothing and leaves matrices to its
+//! `search` tool).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -32,8 +38,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{BackendError, Client, Spend};
 use crate::chat::{ChatRequest, Message};
-use crate::context::{self, CaseLine, ContextInput, Feedback};
+use crate::context::{self, CaseLine, Feedback};
 use crate::proposal::{self, Resolved};
+
+mod round;
+pub use round::{Agents, Checked, Finished, LoopState, Round, Unreviewed};
 
 /// Verifies a candidate against the reference, its watchdog comparing with `best_us`
 /// (the current best's time per shape; `None`: the reference measured in the same job).
@@ -69,6 +78,19 @@ impl Default for Budget {
             wall: Duration::from_secs(3600),
             tokens: 2_000_000,
             dollars: 20.0,
+        }
+    }
+}
+
+impl Budget {
+    /// No limit: for a loop whose caller keeps its own budgets (the MCP server's).
+    pub fn unlimited() -> Budget {
+        Budget {
+            rounds: u32::MAX,
+            candidates: u32::MAX,
+            wall: Duration::MAX,
+            tokens: u64::MAX,
+            dollars: f64::INFINITY,
         }
     }
 }
@@ -188,6 +210,9 @@ pub struct Rules {
     /// slower: a shape whose code path a candidate leaves unchanged measures a little slower
     /// half the time, and failing it then would decide a win by a coin toss.
     pub noise: BTreeMap<String, f64>,
+    /// Whether a proposal's matrix is searched by the loop (see the module's text); the
+    /// MCP server leaves a matrix to its `search` tool.
+    pub search_matrices: bool,
 }
 
 impl Default for Rules {
@@ -200,6 +225,7 @@ impl Default for Rules {
             min_gain: 0.03,
             min_uniform_gain: 0.01,
             noise: BTreeMap::new(),
+            search_matrices: true,
         }
     }
 }
@@ -426,44 +452,22 @@ pub enum Event {
     },
 }
 
-/// The current best as the loop carries it: the version candidates are built from and
-/// compared with, its time per shape (the watchdog's yardstick; `None` for the
-/// reference, timed in each job), and its figures for the context.
-struct LoopBest {
-    version: KernelVersion,
-    us: Option<BTreeMap<String, f64>>,
-    figures: Vec<String>,
-}
-
-impl LoopBest {
-    fn label(&self) -> String {
-        self.version.id.clone()
-    }
-
-    /// Makes a verified candidate the best.
-    fn adopt(&mut self, version: &KernelVersion, verdict: &Verdict) {
-        self.us = Some(verdict.candidate_times());
-        self.figures = verdict
-            .shapes
-            .iter()
-            .filter(|s| !s.held_out)
-            .filter_map(|s| {
-                Some(format!(
-                    "{}: {:.2} µs ({:.2}x the reference){}",
-                    s.shape,
-                    s.candidate_us?,
-                    s.speedup.unwrap_or(1.0),
-                    s.copy_bandwidth_pct
-                        .map(|p| format!(", {p:.1}% of copy bandwidth"))
-                        .unwrap_or_default()
-                ))
-            })
-            .collect();
-        self.version = version.clone();
-    }
-}
-
 impl Rules {
+    /// Only the rule for a new best, with these gains: no escalation and no matrix
+    /// search, for proposals whose loop another agent runs (the MCP server's).
+    pub fn judge_only(min_gain: f64, min_uniform_gain: f64) -> Rules {
+        Rules {
+            compile_failures_before_reflection: u32::MAX,
+            rounds_without_improvement: u32::MAX,
+            repeats_of_an_error: u32::MAX,
+            failed_verifications_in_a_row: u32::MAX,
+            min_gain,
+            min_uniform_gain,
+            noise: BTreeMap::new(),
+            search_matrices: false,
+        }
+    }
+
     /// The rules with their gains raised above the measured timing noise: `deviations`
     /// is, per shape, how far the same version's time moved between two jobs (`0.01`:
     /// 1%). A win must then be at least twice the largest deviation on some shape, or
@@ -507,228 +511,6 @@ pub fn improvement(verdict: &Verdict, rules: &Rules) -> Option<f64> {
         c.speedup * (1.0 + noise) >= 1.0
     });
     (everywhere && mean > 1.0 + rules.min_uniform_gain).then_some(mean)
-}
-
-/// The candidate whose matrix is searched.
-struct SweepInput<'a> {
-    round: u32,
-    id: &'a str,
-    base: &'a KernelVersion,
-    base_verdict: &'a Verdict,
-    resolved: &'a Resolved,
-    matrix: &'a BTreeMap<String, Vec<i64>>,
-    /// Whether the candidate's own defines just became the best.
-    base_won: bool,
-}
-
-/// What a sweep reads and moves of the loop's state.
-struct SweepState<'a, 'r> {
-    evaluator: &'a mut dyn Evaluate,
-    best: &'a mut LoopBest,
-    out: &'a mut LoopOutcome,
-    candidates: &'a mut u32,
-    start: Instant,
-    budget: &'a Budget,
-    /// The run's budget (tokens and dollars do not move during a sweep).
-    run: &'a mut RunCharge<'r>,
-    spend: (u64, f64),
-    rules: &'a Rules,
-    on: &'a mut dyn FnMut(Event),
-}
-
-struct SweepEnd {
-    improved: bool,
-    /// The feedback the agent gets: one line per point.
-    feedback: Feedback,
-    /// The budget that ran out during the sweep, if one did.
-    budget_out: Option<&'static str>,
-}
-
-/// Verifies every point of a candidate's matrix (each combination of its values over the
-/// candidate's defines, skipping the candidate's own), one after another, each judged by
-/// the loop's rule against the best so far ([`improvement`]), so the last point to
-/// improve is the best. A point counts as a candidate; when the candidate or wall budget
-/// runs out, the sweep stops with the best so far kept. A failing point is recorded with
-/// its verdict but never counts towards an escalation: it is the search's data, not the
-/// agent repeating an error.
-fn sweep_matrix(c: SweepInput<'_>, st: &mut SweepState<'_, '_>) -> SweepEnd {
-    let base_defines = c.base.defines.clone();
-    let points = other_points(&base_defines, c.matrix);
-    let mut sweep = MatrixSweep {
-        base: c.id.to_string(),
-        matrix: c.matrix.clone(),
-        points: vec![SweptPoint {
-            id: c.id.to_string(),
-            defines: base_defines.clone(),
-            verdict: c.base_verdict.clone(),
-        }],
-        planned: points.len(),
-        chosen: c.base_won.then(|| c.id.to_string()),
-        stopped: None,
-    };
-    (st.on)(Event::Sweep {
-        id: c.id.to_string(),
-        points: points.len(),
-    });
-    let mut end = SweepEnd {
-        improved: false,
-        feedback: Feedback {
-            round: c.round,
-            candidate: format!("{} matrix", c.id),
-            verdict: String::new(),
-            details: vec![point_line(c.id, &base_defines, c.base_verdict)],
-        },
-        budget_out: None,
-    };
-    for (j, defines) in points.into_iter().enumerate() {
-        let over = if *st.candidates >= st.budget.candidates {
-            Some("candidates")
-        } else if st.start.elapsed() > st.budget.wall {
-            Some("wall time")
-        } else {
-            st.run.check(*st.candidates, st.spend.0, st.spend.1)
-        };
-        if let Some(which) = over {
-            sweep.stopped = Some(format!("the {which} budget ran out"));
-            end.budget_out = Some(which);
-            break;
-        }
-        *st.candidates += 1;
-        let id = format!("{}-m{}", c.id, j + 1);
-        (st.on)(Event::Candidate { id: id.clone() });
-        let mut version = c.base.clone();
-        version.id = id.clone();
-        version.defines = defines.clone();
-        let verdict = st.evaluator.evaluate(&version, st.best.us.as_ref());
-        let values: BTreeMap<String, i64> = defines
-            .iter()
-            .filter(|(k, _)| c.matrix.contains_key(*k))
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        (st.on)(Event::Verdict {
-            id: id.clone(),
-            accepted: verdict.accepted,
-            summary: verdict.summary(),
-            round: c.round,
-            diagnosis: c.resolved.proposal.diagnosis.summary.clone(),
-            point: Some(MatrixPoint {
-                base: c.id.to_string(),
-                values: values.clone(),
-            }),
-            version: Box::new(version.clone()),
-            verdict: Box::new(verdict.clone()),
-            best_us: st.best.us.clone(),
-            from_record: st.evaluator.last_from_record(),
-        });
-        let mut resolved = c.resolved.clone();
-        resolved.proposal.defines = defines.clone();
-        if let Some(gain) = improvement(&verdict, st.rules) {
-            (st.on)(Event::Improved {
-                id: id.clone(),
-                speedup: gain,
-            });
-            end.improved = true;
-            st.best.adopt(&version, &verdict);
-            st.out.best = Some((version.clone(), resolved.clone(), verdict.clone()));
-            sweep.chosen = Some(id.clone());
-        }
-        end.feedback
-            .details
-            .push(point_line(&id, &defines, &verdict));
-        sweep.points.push(SweptPoint {
-            id: id.clone(),
-            defines,
-            verdict: verdict.clone(),
-        });
-        st.out.tried.push(Tried {
-            round: c.round,
-            id,
-            resolved: Some(resolved),
-            verdict: Some(verdict),
-            error: None,
-            point: Some(MatrixPoint {
-                base: c.id.to_string(),
-                values,
-            }),
-        });
-    }
-    let evaluated = sweep.points.len() - 1;
-    let verified = sweep.points.iter().filter(|p| p.verdict.accepted).count();
-    end.feedback.verdict = format!(
-        "the loop evaluated {evaluated} of the {} other point(s) of your matrix; {verified} of {} point(s), yours included, passed every fence{}{}",
-        sweep.planned,
-        evaluated + 1,
-        match &sweep.chosen {
-            Some(p) => format!("; the best is now {p}"),
-            None => "; none beat the best".into(),
-        },
-        sweep
-            .stopped
-            .as_ref()
-            .map(|s| format!("; stopped: {s}"))
-            .unwrap_or_default()
-    );
-    (st.on)(Event::SweepDone {
-        id: c.id.to_string(),
-        evaluated,
-        points: sweep.planned,
-        best: sweep.chosen.clone(),
-        stopped: sweep.stopped.clone(),
-    });
-    if sweep.chosen.is_some() {
-        st.out.best_sweep = Some(sweep);
-    }
-    end
-}
-
-/// The full defines of every point of `matrix` but the candidate's own (`base`), in the
-/// order of [`proposal::matrix_points`].
-fn other_points(
-    base: &BTreeMap<String, i64>,
-    matrix: &BTreeMap<String, Vec<i64>>,
-) -> Vec<BTreeMap<String, i64>> {
-    proposal::matrix_points(matrix)
-        .into_iter()
-        .map(|values| {
-            let mut d = base.clone();
-            d.extend(values);
-            d
-        })
-        .filter(|d| d != base)
-        .collect()
-}
-
-/// A point's line of the sweep's feedback: its defines, its verdict, its time per shape.
-fn point_line(id: &str, defines: &BTreeMap<String, i64>, v: &Verdict) -> String {
-    // Times only of correct points: a wrong point's time means nothing.
-    let correct = v.correct();
-    let times = v
-        .shapes
-        .iter()
-        .filter(|s| correct && !s.held_out)
-        .filter_map(|s| Some(format!("{} {:.2} µs", s.shape, s.candidate_us?)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    format!(
-        "{id} ({}): {}{}",
-        describe_defines(defines),
-        if v.accepted {
-            "verified".to_string()
-        } else {
-            format!("rejected: {}", v.summary().lines().next().unwrap_or(""))
-        },
-        if times.is_empty() {
-            String::new()
-        } else {
-            format!("; {times}")
-        }
-    )
-}
-
-fn error_key(v: &Verdict) -> Option<(Fence, String)> {
-    let f = v.failures.first()?;
-    let line = f.message.lines().next().unwrap_or("").to_string();
-    Some((f.fence, line))
 }
 
 /// Layered feedback from a verdict: the verdict, the compile log verbatim, the first
@@ -825,447 +607,240 @@ struct Objections {
     objections: Vec<serde_json::Value>,
 }
 
-/// Runs the loop for one kernel.
+/// The built-in loop's agents: the proposer, and the reviewer that reads each candidate
+/// before it is verified; every exchange goes into the transcript.
+struct LoopAgents<'c> {
+    client: &'c mut Client,
+    reviewer: Option<&'c mut Client>,
+    spec: &'c KernelSpec,
+    transcript: Vec<(ChatRequest, Result<String, String>)>,
+    /// The round's proposal request, which the proposer's answer to a review continues.
+    request: Option<ChatRequest>,
+}
+
+impl Agents for LoopAgents<'_> {
+    fn spent(&self) -> (u64, f64) {
+        let tokens = |c: &Client| c.spend.usage.input_tokens + c.spend.usage.output_tokens;
+        (
+            tokens(self.client) + self.reviewer.as_deref().map(tokens).unwrap_or(0),
+            self.client.spend.dollars
+                + self
+                    .reviewer
+                    .as_ref()
+                    .map(|r| r.spend.dollars)
+                    .unwrap_or(0.0),
+        )
+    }
+
+    /// The reviewer's objections, and the proposer's answers, before verification.
+    fn review(
+        &mut self,
+        round: u32,
+        id: &str,
+        candidate: Resolved,
+        best_source: &str,
+        on: &mut dyn FnMut(Event),
+    ) -> Result<Resolved, Stop> {
+        let Some(rv) = self.reviewer.as_deref_mut() else {
+            return Ok(candidate);
+        };
+        let spec = self.spec;
+        let review = ChatRequest {
+            purpose: "review".into(),
+            system: "You review CUDA kernels for correctness before they are run.".into(),
+            messages: vec![Message::user(
+                context::fill(
+                    context::REVIEW,
+                    &BTreeMap::from([
+                        (
+                            "params",
+                            spec.kernel_args()
+                                .iter()
+                                .map(|a| a.name().to_string())
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        ),
+                        ("shapes", context::shapes(spec)),
+                        (
+                            "proposal",
+                            serde_json::to_string_pretty(&candidate.proposal).expect("serialises"),
+                        ),
+                        ("source", candidate.source.clone()),
+                    ]),
+                )
+                .expect("template values"),
+            )],
+            max_tokens: 2048,
+            temperature: 0.0,
+        };
+        let objections = match ask(rv, (round, review), &mut self.transcript, on) {
+            Ok(t) => proposal::extract_json(&t)
+                .and_then(|j| serde_json::from_str::<Objections>(j).ok())
+                .map(|o| o.objections)
+                .unwrap_or_default(),
+            Err(e) => {
+                return Err(Stop::Backend {
+                    error: format!("reviewer: {e}"),
+                })
+            }
+        };
+        on(Event::Review {
+            id: id.to_string(),
+            objections: objections.len(),
+        });
+        if objections.is_empty() {
+            return Ok(candidate);
+        }
+        let mut answer = self
+            .request
+            .clone()
+            .expect("a round's candidates follow its request");
+        answer.purpose = "answer-review".into();
+        answer.messages.push(Message::assistant(
+            serde_json::to_string(&proposal::ProposalSet {
+                proposals: vec![candidate.proposal.clone()],
+            })
+            .expect("serialises"),
+        ));
+        answer.messages.push(Message::user(
+            context::fill(
+                context::ANSWER_REVIEW,
+                &BTreeMap::from([(
+                    "objections",
+                    objections
+                        .iter()
+                        .enumerate()
+                        .map(|(k, o)| format!("{}. {}", k + 1, o))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                )]),
+            )
+            .expect("template values"),
+        ));
+        match ask(self.client, (round, answer), &mut self.transcript, on) {
+            Ok(t) => Ok(match proposal::parse(&t, spec, best_source) {
+                Ok(mut revised) => revised.remove(0),
+                Err(_) => candidate,
+            }),
+            Err(e) => Err(Stop::Backend {
+                error: e.to_string(),
+            }),
+        }
+    }
+}
+
+impl LoopAgents<'_> {
+    /// Round `round`'s proposals, from the proposer's reply to `req` or, when that is
+    /// malformed, to one repair round: `Ok(Err(errors))` when both were malformed.
+    fn proposals(
+        &mut self,
+        round: u32,
+        req: &ChatRequest,
+        best_source: &str,
+        on: &mut dyn FnMut(Event),
+    ) -> Result<Result<Vec<Resolved>, Vec<String>>, Stop> {
+        let backend = |e: BackendError| match e {
+            BackendError::Exhausted(reason) => Stop::AgentDone { reason },
+            e => Stop::Backend {
+                error: e.to_string(),
+            },
+        };
+        let text =
+            ask(self.client, (round, req.clone()), &mut self.transcript, on).map_err(backend)?;
+        let errors = match proposal::parse(&text, self.spec, best_source) {
+            Ok(r) => return Ok(Ok(r)),
+            Err(errors) => errors,
+        };
+        let mut repair = req.clone();
+        repair.purpose = "repair".into();
+        repair.messages.push(Message::assistant(text));
+        repair
+            .messages
+            .push(Message::user(proposal::repair_prompt(&errors)));
+        // A repair that fails is the backend failing, whatever the reason.
+        let fixed = ask(self.client, (round, repair), &mut self.transcript, on).map_err(|e| {
+            Stop::Backend {
+                error: e.to_string(),
+            }
+        })?;
+        Ok(proposal::parse(&fixed, self.spec, best_source))
+    }
+}
+
+/// Runs the loop for one kernel: asks the agent for each round's proposals (one repair
+/// round for a malformed reply) and steps a [`LoopState`] with them until it stops.
 pub fn optimize(
     task: &Task,
     client: &mut Client,
-    mut reviewer: Option<&mut Client>,
+    reviewer: Option<&mut Client>,
     evaluator: &mut dyn Evaluate,
     budget: &Budget,
     rules: &Rules,
     on: &mut dyn FnMut(Event),
 ) -> LoopOutcome {
-    let start = Instant::now();
-    let spec = task.spec;
     let schema = serde_json::to_string_pretty(&proposal::schema()).expect("serialises");
-    let mut out = LoopOutcome {
-        stop: Stop::Rounds,
-        rounds: 0,
-        tried: vec![],
-        best: None,
-        best_sweep: None,
-        spend: Spend::default(),
-        transcript: vec![],
+    let mut state = LoopState::new(
+        &task.reference,
+        task.start.as_ref(),
+        rules.clone(),
+        budget.clone(),
+        task.run_budget,
+    );
+    let mut agents = LoopAgents {
+        client,
+        reviewer,
+        spec: task.spec,
+        transcript: Vec::new(),
+        request: None,
     };
-    let mut best = LoopBest {
-        version: task.reference.clone(),
-        us: None,
-        figures: Vec::new(),
-    };
-    if let Some(s) = &task.start {
-        best.adopt(&s.version, &s.verdict);
-    }
-    let mut history: Vec<Feedback> = Vec::new();
-    let mut compile_failures = 0u32;
-    let mut failed_in_a_row = 0u32;
-    let mut rounds_without_gain = 0u32;
-    let mut seen_errors: BTreeMap<(Fence, String), u32> = BTreeMap::new();
-    let mut last_compile_log = String::new();
-    let mut candidates = 0u32;
-    let mut run_charge = RunCharge {
-        budget: task.run_budget,
-        candidates: 0,
-        tokens: 0,
-        dollars: 0.0,
-    };
-    // Tokens and dollars of the proposer and the reviewer so far.
-    let spend = |client: &Client, reviewer: &Option<&mut Client>| {
-        let tokens = client.spend.usage.input_tokens
-            + client.spend.usage.output_tokens
-            + reviewer
-                .as_ref()
-                .map(|r| r.spend.usage.input_tokens + r.spend.usage.output_tokens)
-                .unwrap_or(0);
-        let dollars =
-            client.spend.dollars + reviewer.as_ref().map(|r| r.spend.dollars).unwrap_or(0.0);
-        (tokens, dollars)
-    };
-
-    'rounds: for round in 1..=budget.rounds {
-        out.rounds = round;
-        on(Event::Round { round });
-        let (spent, dollars) = spend(client, &reviewer);
-        let over = if start.elapsed() > budget.wall {
-            Some("wall time")
-        } else if spent >= budget.tokens {
-            Some("tokens")
-        } else if dollars >= budget.dollars {
-            Some("dollars")
-        } else if candidates >= budget.candidates {
-            Some("candidates")
-        } else {
-            run_charge.check(candidates, spent, dollars)
-        };
-        if let Some(which) = over {
-            out.stop = Stop::Budget {
-                which: which.into(),
-            };
-            break;
-        }
-
-        // The request: a reflection turn after repeated compile failures, else a proposal.
-        let launch = context::launch_text(&best.version.launch);
-        let input = ContextInput {
-            spec,
-            round,
-            best_label: best.label(),
-            best_source: &best.version.source,
-            best_launch: launch,
-            device: task.device.clone(),
-            ceilings: task.ceilings.clone(),
-            figures: best.figures.clone(),
-            snapshot: task.snapshot.clone(),
-            structure: task.structure.clone(),
-            cases: task.cases.clone(),
-            history: history.clone(),
-            hint: task.hint.clone(),
-            budget_tokens: task.context_tokens,
-        };
-        let mut req = match context::propose(&input, &schema) {
+    let stop = loop {
+        let round = match state.open_round(&agents, on) {
             Ok(r) => r,
-            Err(e) => {
-                out.stop = Stop::Escalated {
-                    reason: format!("the context does not fit: {e}"),
-                    suspicion: "raise --context-tokens or shorten the kernel's source".into(),
-                };
-                break;
-            }
+            Err(stop) => break stop,
         };
-        if compile_failures >= rules.compile_failures_before_reflection {
-            on(Event::Reflection);
-            let reflect = context::fill(
-                context::REFLECT,
-                &BTreeMap::from([
-                    ("log", last_compile_log.clone()),
-                    ("reference_source", task.reference.source.clone()),
-                ]),
-            )
-            .expect("template values");
-            req.purpose = "reflect".into();
-            req.messages[0].content.push_str("\n\n");
-            req.messages[0].content.push_str(&reflect);
-            compile_failures = 0;
-        }
-        let text = match ask(client, (round, req.clone()), &mut out.transcript, on) {
-            Ok(t) => t,
-            Err(BackendError::Exhausted(reason)) => {
-                out.stop = Stop::AgentDone { reason };
-                break;
-            }
-            Err(e) => {
-                out.stop = Stop::Backend {
-                    error: e.to_string(),
-                };
-                break;
-            }
-        };
-        // One repair round for a malformed reply.
-        let resolved = match proposal::parse(&text, spec, &best.version.source) {
+        let req = match state.request(task, round, &schema, on) {
             Ok(r) => r,
-            Err(errors) => {
-                let mut repair = req.clone();
-                repair.purpose = "repair".into();
-                repair.messages.push(Message::assistant(text.clone()));
-                repair
-                    .messages
-                    .push(Message::user(proposal::repair_prompt(&errors)));
-                let fixed = match ask(client, (round, repair), &mut out.transcript, on) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        out.stop = Stop::Backend {
-                            error: e.to_string(),
-                        };
-                        break;
-                    }
-                };
-                match proposal::parse(&fixed, spec, &best.version.source) {
-                    Ok(r) => r,
-                    Err(errors) => {
-                        let msg =
-                            format!("malformed reply after one repair: {}", errors.join("; "));
-                        on(Event::Malformed {
-                            round,
-                            id: format!("r{round}"),
-                            error: msg.clone(),
-                        });
-                        out.tried.push(Tried {
-                            round,
-                            id: format!("r{round}"),
-                            resolved: None,
-                            verdict: None,
-                            error: Some(msg.clone()),
-                            point: None,
-                        });
-                        history.push(Feedback {
-                            round,
-                            candidate: format!("r{round}"),
-                            verdict: "no usable proposal".into(),
-                            details: errors,
-                        });
-                        let n = seen_errors
-                            .entry((Fence::Compile, "malformed reply".into()))
-                            .or_insert(0);
-                        *n += 1;
-                        if *n > rules.repeats_of_an_error {
-                            out.stop = Stop::Escalated {
-                                reason: "the agent's replies stay malformed".into(),
-                                suspicion: msg,
-                            };
-                            break;
-                        }
-                        rounds_without_gain += 1;
-                        continue;
-                    }
-                }
-            }
+            Err(stop) => break stop,
         };
-
-        let mut improved = false;
-        for (i, mut r) in resolved.into_iter().enumerate() {
-            let (spent, dollars) = spend(client, &reviewer);
-            let over = if candidates >= budget.candidates {
-                Some("candidates")
-            } else {
-                run_charge.check(candidates, spent, dollars)
-            };
-            if let Some(which) = over {
-                out.stop = Stop::Budget {
-                    which: which.into(),
-                };
-                break 'rounds;
-            }
-            candidates += 1;
-            let id = format!("r{round}c{}", i + 1);
-            on(Event::Candidate { id: id.clone() });
-            // The reviewer's objections, and the proposer's answers, before verification.
-            if let Some(rv) = reviewer.as_deref_mut() {
-                let review = ChatRequest {
-                    purpose: "review".into(),
-                    system: "You review CUDA kernels for correctness before they are run.".into(),
-                    messages: vec![Message::user(
-                        context::fill(
-                            context::REVIEW,
-                            &BTreeMap::from([
-                                (
-                                    "params",
-                                    spec.kernel_args()
-                                        .iter()
-                                        .map(|a| a.name().to_string())
-                                        .collect::<Vec<_>>()
-                                        .join(", "),
-                                ),
-                                ("shapes", context::shapes(spec)),
-                                (
-                                    "proposal",
-                                    serde_json::to_string_pretty(&r.proposal).expect("serialises"),
-                                ),
-                                ("source", r.source.clone()),
-                            ]),
-                        )
-                        .expect("template values"),
-                    )],
-                    max_tokens: 2048,
-                    temperature: 0.0,
-                };
-                let objections = match ask(rv, (round, review), &mut out.transcript, on) {
-                    Ok(t) => proposal::extract_json(&t)
-                        .and_then(|j| serde_json::from_str::<Objections>(j).ok())
-                        .map(|o| o.objections)
-                        .unwrap_or_default(),
-                    Err(e) => {
-                        out.stop = Stop::Backend {
-                            error: format!("reviewer: {e}"),
-                        };
-                        break 'rounds;
-                    }
-                };
-                on(Event::Review {
-                    id: id.clone(),
-                    objections: objections.len(),
-                });
-                if !objections.is_empty() {
-                    let mut answer = req.clone();
-                    answer.purpose = "answer-review".into();
-                    answer.messages.push(Message::assistant(
-                        serde_json::to_string(&proposal::ProposalSet {
-                            proposals: vec![r.proposal.clone()],
-                        })
-                        .expect("serialises"),
-                    ));
-                    answer.messages.push(Message::user(
-                        context::fill(
-                            context::ANSWER_REVIEW,
-                            &BTreeMap::from([(
-                                "objections",
-                                objections
-                                    .iter()
-                                    .enumerate()
-                                    .map(|(k, o)| format!("{}. {}", k + 1, o))
-                                    .collect::<Vec<_>>()
-                                    .join("\n"),
-                            )]),
-                        )
-                        .expect("template values"),
-                    ));
-                    match ask(client, (round, answer), &mut out.transcript, on) {
-                        Ok(t) => {
-                            if let Ok(mut revised) = proposal::parse(&t, spec, &best.version.source)
-                            {
-                                r = revised.remove(0);
-                            }
-                        }
-                        Err(e) => {
-                            out.stop = Stop::Backend {
-                                error: e.to_string(),
-                            };
-                            break 'rounds;
-                        }
-                    }
-                }
-            }
-            let version = candidate_version(&best.version, &id, &r);
-            let verdict = evaluator.evaluate(&version, best.us.as_ref());
-            on(Event::Verdict {
-                id: id.clone(),
-                accepted: verdict.accepted,
-                summary: verdict.summary(),
-                round,
-                diagnosis: r.proposal.diagnosis.summary.clone(),
-                point: None,
-                version: Box::new(version.clone()),
-                verdict: Box::new(verdict.clone()),
-                best_us: best.us.clone(),
-                from_record: evaluator.last_from_record(),
-            });
-            let fb = feedback(round, &id, &verdict);
-            history.push(fb);
-            if let Some(key) = error_key(&verdict) {
-                if key.0 == Fence::Compile {
-                    compile_failures += 1;
-                    last_compile_log = verdict.compile_log.clone();
-                } else {
-                    failed_in_a_row += 1;
-                }
-                let n = seen_errors.entry(key.clone()).or_insert(0);
-                *n += 1;
-                if *n > rules.repeats_of_an_error {
-                    out.tried.push(Tried::of(round, &id, r, verdict));
-                    out.stop = Stop::Escalated {
-                        reason: format!("the same {} error came back {} times", key.0.name(), *n),
-                        suspicion: format!("every attempt fails with: {}", key.1),
-                    };
-                    break 'rounds;
-                }
-                if failed_in_a_row >= rules.failed_verifications_in_a_row {
-                    let summary = verdict.summary();
-                    out.tried.push(Tried::of(round, &id, r, verdict));
-                    out.stop = Stop::Escalated {
-                        reason: format!("verification failed {failed_in_a_row} times in a row"),
-                        suspicion: format!("the last failure: {summary}"),
-                    };
-                    break 'rounds;
-                }
-            } else {
-                failed_in_a_row = 0;
-            }
-            if let Some(gain) = improvement(&verdict, rules) {
-                on(Event::Improved {
-                    id: id.clone(),
-                    speedup: gain,
-                });
-                improved = true;
-                best.adopt(&version, &verdict);
-                out.best = Some((version.clone(), r.clone(), verdict.clone()));
-                out.best_sweep = None;
-            }
-            let matrix = r.proposal.matrix.clone().filter(|m| !m.is_empty());
-            let base_won = out.best.as_ref().is_some_and(|b| b.0.id == id);
-            out.tried
-                .push(Tried::of(round, &id, r.clone(), verdict.clone()));
-            let Some(matrix) = matrix else { continue };
-            // The candidate's matrix: searched only when the candidate itself is correct
-            // (every fence passed but perhaps the watchdog: slower than the best is what
-            // another point may fix; wrong code is the agent's to fix).
-            if let Some(f) = verdict.failures.iter().find(|f| f.fence != Fence::Watchdog) {
-                let reason = format!(
-                    "not searched: {id} itself failed the {} fence",
-                    f.fence.name()
-                );
-                if let Some(fb) = history.last_mut() {
-                    fb.details.push(format!(
-                        "its matrix was {reason}; a matrix is searched once the candidate passes every fence but the watchdog"
-                    ));
-                }
-                on(Event::SweepDone {
-                    id: id.clone(),
-                    evaluated: 0,
-                    points: other_points(&version.defines, &matrix).len(),
-                    best: None,
-                    stopped: Some(reason),
-                });
-                continue;
-            }
-            let sweep = sweep_matrix(
-                SweepInput {
-                    round,
-                    id: &id,
-                    base: &version,
-                    base_verdict: &verdict,
-                    resolved: &r,
-                    matrix: &matrix,
-                    base_won,
-                },
-                &mut SweepState {
-                    evaluator: &mut *evaluator,
-                    best: &mut best,
-                    out: &mut out,
-                    candidates: &mut candidates,
-                    start,
-                    budget,
-                    run: &mut run_charge,
-                    spend: spend(client, &reviewer),
-                    rules,
-                    on: &mut *on,
-                },
-            );
-            if sweep.improved {
-                improved = true;
-            }
-            history.push(sweep.feedback);
-            if let Some(which) = sweep.budget_out {
-                out.stop = Stop::Budget {
-                    which: which.into(),
-                };
-                break 'rounds;
-            }
+        let best_source = state.best_version().source.clone();
+        let proposals = match agents.proposals(round, &req, &best_source, on) {
+            Ok(Ok(p)) => p,
+            Ok(Err(errors)) => match state.malformed(round, errors, on) {
+                Ok(()) => continue,
+                Err(stop) => break stop,
+            },
+            Err(stop) => break stop,
+        };
+        agents.request = Some(req);
+        let candidates = proposals
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| (format!("r{round}c{}", i + 1), r))
+            .collect();
+        if let Some(stop) = state
+            .round(round, candidates, &mut agents, evaluator, on)
+            .stop
+        {
+            break stop;
         }
-        if improved {
-            rounds_without_gain = 0;
-        } else {
-            rounds_without_gain += 1;
-            if rounds_without_gain >= rules.rounds_without_improvement {
-                out.stop = Stop::Escalated {
-                    reason: format!("{rounds_without_gain} rounds brought no improvement"),
-                    suspicion: history
-                        .last()
-                        .map(|f| format!("the last candidate: {}", f.verdict))
-                        .unwrap_or_default(),
-                };
-                break;
-            }
-        }
+    };
+    let finished = state.finish(stop, &agents);
+    let mut spend = agents.client.spend;
+    if let Some(r) = &agents.reviewer {
+        spend.requests += r.spend.requests;
+        spend.retries += r.spend.retries;
+        spend.usage += r.spend.usage;
+        spend.dollars += r.spend.dollars;
     }
-    // What the last round spent reaches the run too.
-    let (spent, dollars) = spend(client, &reviewer);
-    run_charge.check(candidates, spent, dollars);
-    out.spend = client.spend;
-    if let Some(r) = reviewer {
-        out.spend.requests += r.spend.requests;
-        out.spend.retries += r.spend.retries;
-        out.spend.usage += r.spend.usage;
-        out.spend.dollars += r.spend.dollars;
+    LoopOutcome {
+        stop: finished.stop,
+        rounds: finished.rounds,
+        tried: finished.tried,
+        best: finished.best,
+        best_sweep: finished.best_sweep,
+        spend,
+        transcript: agents.transcript,
     }
-    out
 }
 
 /// The candidate as a kernel version: its source, and the launch rule, defines and

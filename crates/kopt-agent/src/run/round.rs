@@ -1,0 +1,794 @@
+//! The loop as a state that is stepped one round at a time: the built-in driver
+//! ([`super::optimize`]) asks a model for each round's proposals, the MCP server takes
+//! them from a coding agent's tool calls, and both hand them to [`LoopState::round`],
+//! which verifies them, judges them against the best so far, applies the rules and the
+//! budgets (both plain data: [`Rules`], [`Budget`]) and says whether the loop goes on.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use kopt_engine::job::KernelVersion;
+use kopt_engine::verdict::{Fence, Verdict};
+
+use super::{
+    candidate_version, describe_defines, feedback, improvement, Budget, Evaluate, Event,
+    MatrixPoint, MatrixSweep, Rules, RunBudget, RunCharge, Start, Stop, SweptPoint, Task, Tried,
+};
+use crate::chat::ChatRequest;
+use crate::context::{self, ContextInput, Feedback};
+use crate::proposal::{self, Resolved};
+
+/// What a round needs of the agents besides their proposals.
+pub trait Agents {
+    /// Tokens and dollars the agents spent so far, which the budgets read before each
+    /// candidate.
+    fn spent(&self) -> (u64, f64);
+
+    /// A chance to revise candidate `id` before it is verified (the built-in loop's
+    /// reviewer and the proposer's answer to it); `best_source` is what a revised
+    /// proposal's diff applies to. An error stops the loop.
+    fn review(
+        &mut self,
+        round: u32,
+        id: &str,
+        candidate: Resolved,
+        best_source: &str,
+        on: &mut dyn FnMut(Event),
+    ) -> Result<Resolved, Stop> {
+        let _ = (round, id, best_source, on);
+        Ok(candidate)
+    }
+}
+
+/// Agents whose spending the loop does not count and who review nothing: proposals made
+/// elsewhere (the MCP server's coding agent) and handed in.
+pub struct Unreviewed;
+
+impl Agents for Unreviewed {
+    fn spent(&self) -> (u64, f64) {
+        (0, 0.0)
+    }
+}
+
+/// One candidate a round verified, a point of a searched matrix included.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub id: String,
+    pub version: KernelVersion,
+    pub verdict: Verdict,
+    /// What the agent is told of it.
+    pub feedback: Feedback,
+    /// Whether it became the best.
+    pub improved: bool,
+}
+
+/// What one round did.
+#[derive(Debug, Clone)]
+pub struct Round {
+    pub number: u32,
+    /// The candidates verified, in order, with their matrices' points.
+    pub checked: Vec<Checked>,
+    /// Whether the best changed.
+    pub improved: bool,
+    /// Why the loop stops after this round (`None`: it goes on).
+    pub stop: Option<Stop>,
+}
+
+/// What the loop found, once it stopped.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub stop: Stop,
+    pub rounds: u32,
+    pub tried: Vec<Tried>,
+    pub best: Option<(KernelVersion, Resolved, Verdict)>,
+    pub best_sweep: Option<MatrixSweep>,
+}
+
+/// The current best as the loop carries it: the version candidates are built from and
+/// compared with, its time per shape (the watchdog's yardstick; `None` for the
+/// reference, timed in each job), and its figures for the context.
+struct LoopBest {
+    label: String,
+    version: KernelVersion,
+    verdict: Option<Verdict>,
+    us: Option<BTreeMap<String, f64>>,
+    figures: Vec<String>,
+}
+
+impl LoopBest {
+    /// Makes a verified version the best.
+    fn adopt(&mut self, label: &str, version: &KernelVersion, verdict: &Verdict) {
+        self.us = Some(verdict.candidate_times());
+        self.figures = verdict
+            .shapes
+            .iter()
+            .filter(|s| !s.held_out)
+            .filter_map(|s| {
+                Some(format!(
+                    "{}: {:.2} µs ({:.2}x the reference){}",
+                    s.shape,
+                    s.candidate_us?,
+                    s.speedup.unwrap_or(1.0),
+                    s.copy_bandwidth_pct
+                        .map(|p| format!(", {p:.1}% of copy bandwidth"))
+                        .unwrap_or_default()
+                ))
+            })
+            .collect();
+        self.label = label.to_string();
+        self.version = version.clone();
+        self.verdict = Some(verdict.clone());
+    }
+}
+
+/// The loop for one kernel between two rounds: the best so far, what the agent has been
+/// told, the counts the rules read, and what was tried.
+pub struct LoopState<'r> {
+    rules: Rules,
+    budget: Budget,
+    run: RunCharge<'r>,
+    started: Instant,
+    reference_source: String,
+    best: LoopBest,
+    history: Vec<Feedback>,
+    compile_failures: u32,
+    failed_in_a_row: u32,
+    rounds_without_gain: u32,
+    seen_errors: BTreeMap<(Fence, String), u32>,
+    last_compile_log: String,
+    candidates: u32,
+    rounds: u32,
+    tried: Vec<Tried>,
+    found: Option<(KernelVersion, Resolved, Verdict)>,
+    found_sweep: Option<MatrixSweep>,
+}
+
+impl<'r> LoopState<'r> {
+    /// A loop from `reference`, or from `start` (a version verified in this run) when
+    /// given; its wall-time budget counts from now.
+    pub fn new(
+        reference: &KernelVersion,
+        start: Option<&Start>,
+        rules: Rules,
+        budget: Budget,
+        run_budget: Option<&'r RunBudget>,
+    ) -> Self {
+        let mut best = LoopBest {
+            label: reference.id.clone(),
+            version: reference.clone(),
+            verdict: None,
+            us: None,
+            figures: Vec::new(),
+        };
+        if let Some(s) = start {
+            best.adopt(&s.version.id, &s.version, &s.verdict);
+        }
+        LoopState {
+            rules,
+            budget,
+            run: RunCharge {
+                budget: run_budget,
+                candidates: 0,
+                tokens: 0,
+                dollars: 0.0,
+            },
+            started: Instant::now(),
+            reference_source: reference.source.clone(),
+            best,
+            history: Vec::new(),
+            compile_failures: 0,
+            failed_in_a_row: 0,
+            rounds_without_gain: 0,
+            seen_errors: BTreeMap::new(),
+            last_compile_log: String::new(),
+            candidates: 0,
+            rounds: 0,
+            tried: Vec::new(),
+            found: None,
+            found_sweep: None,
+        }
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    /// The rounds opened so far.
+    pub fn rounds(&self) -> u32 {
+        self.rounds
+    }
+
+    /// The candidates verified so far, matrix points included.
+    pub fn candidates(&self) -> u32 {
+        self.candidates
+    }
+
+    /// The best's name: `reference`, a candidate's id, or what [`LoopState::set_best`] named it.
+    pub fn best_label(&self) -> &str {
+        &self.best.label
+    }
+
+    /// The version candidates are built from.
+    pub fn best_version(&self) -> &KernelVersion {
+        &self.best.version
+    }
+
+    /// The best's verdict (`None` while the best is the reference).
+    pub fn best_verdict(&self) -> Option<&Verdict> {
+        self.best.verdict.as_ref()
+    }
+
+    /// The best's time per shape, which a candidate's watchdog compares with (`None`:
+    /// the reference, timed in each candidate's job).
+    pub fn best_times(&self) -> Option<&BTreeMap<String, f64>> {
+        self.best.us.as_ref()
+    }
+
+    /// What the agent was told of each candidate so far.
+    pub fn history(&self) -> &[Feedback] {
+        &self.history
+    }
+
+    /// Makes a version verified elsewhere the best (a search's winner, say).
+    pub fn set_best(&mut self, label: &str, version: &KernelVersion, verdict: &Verdict) {
+        self.best.adopt(label, version, verdict);
+    }
+
+    /// The budget reached before the next round or candidate, if one is: the kernel's
+    /// wall time, tokens and dollars (read only at a round's start), its candidates, then
+    /// the run's.
+    fn over_budget(
+        &mut self,
+        (tokens, dollars): (u64, f64),
+        round_start: bool,
+    ) -> Option<&'static str> {
+        let b = &self.budget;
+        let over = if round_start && self.started.elapsed() > b.wall {
+            Some("wall time")
+        } else if round_start && tokens >= b.tokens {
+            Some("tokens")
+        } else if round_start && dollars >= b.dollars {
+            Some("dollars")
+        } else if self.candidates >= b.candidates {
+            Some("candidates")
+        } else {
+            None
+        };
+        over.or_else(|| self.run.check(self.candidates, tokens, dollars))
+    }
+
+    /// Opens the next round, unless the round budget is used up or another budget ran out
+    /// (the round is then counted as opened, and `Event::Round` sent, as the budgets are
+    /// read at its start).
+    pub fn open_round(
+        &mut self,
+        agents: &dyn Agents,
+        on: &mut dyn FnMut(Event),
+    ) -> Result<u32, Stop> {
+        if self.rounds >= self.budget.rounds {
+            return Err(Stop::Rounds);
+        }
+        self.rounds += 1;
+        let round = self.rounds;
+        on(Event::Round { round });
+        match self.over_budget(agents.spent(), true) {
+            Some(which) => Err(Stop::Budget {
+                which: which.into(),
+            }),
+            None => Ok(round),
+        }
+    }
+
+    /// The request of round `round`: a reflection turn after repeated compile failures
+    /// (the agent re-reads its last candidate against the reference), else a proposal.
+    pub fn request(
+        &mut self,
+        task: &Task,
+        round: u32,
+        schema: &str,
+        on: &mut dyn FnMut(Event),
+    ) -> Result<ChatRequest, Stop> {
+        let input = ContextInput {
+            spec: task.spec,
+            round,
+            best_label: self.best.label.clone(),
+            best_source: &self.best.version.source,
+            best_launch: context::launch_text(&self.best.version.launch),
+            device: task.device.clone(),
+            ceilings: task.ceilings.clone(),
+            figures: self.best.figures.clone(),
+            snapshot: task.snapshot.clone(),
+            structure: task.structure.clone(),
+            cases: task.cases.clone(),
+            history: self.history.clone(),
+            hint: task.hint.clone(),
+            budget_tokens: task.context_tokens,
+        };
+        let mut req = context::propose(&input, schema).map_err(|e| Stop::Escalated {
+            reason: format!("the context does not fit: {e}"),
+            suspicion: "raise --context-tokens or shorten the kernel's source".into(),
+        })?;
+        if self.compile_failures >= self.rules.compile_failures_before_reflection {
+            on(Event::Reflection);
+            let reflect = context::fill(
+                context::REFLECT,
+                &BTreeMap::from([
+                    ("log", self.last_compile_log.clone()),
+                    ("reference_source", self.reference_source.clone()),
+                ]),
+            )
+            .expect("template values");
+            req.purpose = "reflect".into();
+            req.messages[0].content.push_str("\n\n");
+            req.messages[0].content.push_str(&reflect);
+            self.compile_failures = 0;
+        }
+        Ok(req)
+    }
+
+    /// Round `round` brought no usable proposal (`errors`, even after its repair): the
+    /// agent is told, and replies that stay malformed escalate like a repeated error.
+    pub fn malformed(
+        &mut self,
+        round: u32,
+        errors: Vec<String>,
+        on: &mut dyn FnMut(Event),
+    ) -> Result<(), Stop> {
+        let id = format!("r{round}");
+        let msg = format!("malformed reply after one repair: {}", errors.join("; "));
+        on(Event::Malformed {
+            round,
+            id: id.clone(),
+            error: msg.clone(),
+        });
+        self.tried.push(Tried {
+            round,
+            id: id.clone(),
+            resolved: None,
+            verdict: None,
+            error: Some(msg.clone()),
+            point: None,
+        });
+        self.history.push(Feedback {
+            round,
+            candidate: id,
+            verdict: "no usable proposal".into(),
+            details: errors,
+        });
+        let n = self
+            .seen_errors
+            .entry((Fence::Compile, "malformed reply".into()))
+            .or_insert(0);
+        *n += 1;
+        if *n > self.rules.repeats_of_an_error {
+            return Err(Stop::Escalated {
+                reason: "the agent's replies stay malformed".into(),
+                suspicion: msg,
+            });
+        }
+        self.rounds_without_gain += 1;
+        Ok(())
+    }
+
+    /// Verifies round `number`'s candidates (each named: `r1c2`), in order, each judged
+    /// against the best so far by the loop's rule ([`improvement`]) and, where it carries
+    /// a matrix and the rules say so, its matrix searched; then applies the rules: an
+    /// error repeated, verifications failing in a row, rounds without improvement, a
+    /// budget run out.
+    pub fn round(
+        &mut self,
+        number: u32,
+        candidates: Vec<(String, Resolved)>,
+        agents: &mut dyn Agents,
+        evaluator: &mut dyn Evaluate,
+        on: &mut dyn FnMut(Event),
+    ) -> Round {
+        let mut round = Round {
+            number,
+            checked: Vec::new(),
+            improved: false,
+            stop: None,
+        };
+        for (id, candidate) in candidates {
+            if let Some(stop) = self.candidate(&mut round, id, candidate, agents, evaluator, on) {
+                round.stop = Some(stop);
+                return round;
+            }
+        }
+        if round.improved {
+            self.rounds_without_gain = 0;
+        } else {
+            self.rounds_without_gain += 1;
+            if self.rounds_without_gain >= self.rules.rounds_without_improvement {
+                round.stop = Some(Stop::Escalated {
+                    reason: format!("{} rounds brought no improvement", self.rounds_without_gain),
+                    suspicion: self
+                        .history
+                        .last()
+                        .map(|f| format!("the last candidate: {}", f.verdict))
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        round
+    }
+
+    /// One candidate of a round: the stop it brings, if any.
+    fn candidate(
+        &mut self,
+        round: &mut Round,
+        id: String,
+        candidate: Resolved,
+        agents: &mut dyn Agents,
+        evaluator: &mut dyn Evaluate,
+        on: &mut dyn FnMut(Event),
+    ) -> Option<Stop> {
+        if let Some(which) = self.over_budget(agents.spent(), false) {
+            return Some(Stop::Budget {
+                which: which.into(),
+            });
+        }
+        self.candidates += 1;
+        on(Event::Candidate { id: id.clone() });
+        let r = match agents.review(round.number, &id, candidate, &self.best.version.source, on) {
+            Ok(r) => r,
+            Err(stop) => return Some(stop),
+        };
+        let version = candidate_version(&self.best.version, &id, &r);
+        let verdict = evaluator.evaluate(&version, self.best.us.as_ref());
+        on(Event::Verdict {
+            id: id.clone(),
+            accepted: verdict.accepted,
+            summary: verdict.summary(),
+            round: round.number,
+            diagnosis: r.proposal.diagnosis.summary.clone(),
+            point: None,
+            version: Box::new(version.clone()),
+            verdict: Box::new(verdict.clone()),
+            best_us: self.best.us.clone(),
+            from_record: evaluator.last_from_record(),
+        });
+        let fb = feedback(round.number, &id, &verdict);
+        self.history.push(fb.clone());
+        let mut checked = Checked {
+            id: id.clone(),
+            version: version.clone(),
+            verdict: verdict.clone(),
+            feedback: fb,
+            improved: false,
+        };
+        if let Some(key) = error_key(&verdict) {
+            if key.0 == Fence::Compile {
+                self.compile_failures += 1;
+                self.last_compile_log = verdict.compile_log.clone();
+            } else {
+                self.failed_in_a_row += 1;
+            }
+            let n = self.seen_errors.entry(key.clone()).or_insert(0);
+            *n += 1;
+            let stop = if *n > self.rules.repeats_of_an_error {
+                Some(Stop::Escalated {
+                    reason: format!("the same {} error came back {} times", key.0.name(), *n),
+                    suspicion: format!("every attempt fails with: {}", key.1),
+                })
+            } else if self.failed_in_a_row >= self.rules.failed_verifications_in_a_row {
+                Some(Stop::Escalated {
+                    reason: format!(
+                        "verification failed {} times in a row",
+                        self.failed_in_a_row
+                    ),
+                    suspicion: format!("the last failure: {}", verdict.summary()),
+                })
+            } else {
+                None
+            };
+            if stop.is_some() {
+                self.tried.push(Tried::of(round.number, &id, r, verdict));
+                round.checked.push(checked);
+                return stop;
+            }
+        } else {
+            self.failed_in_a_row = 0;
+        }
+        if let Some(gain) = improvement(&verdict, &self.rules) {
+            on(Event::Improved {
+                id: id.clone(),
+                speedup: gain,
+            });
+            round.improved = true;
+            checked.improved = true;
+            self.best.adopt(&id, &version, &verdict);
+            self.found = Some((version.clone(), r.clone(), verdict.clone()));
+            self.found_sweep = None;
+        }
+        round.checked.push(checked);
+        let matrix = r.proposal.matrix.clone().filter(|m| !m.is_empty());
+        let base_won = self.found.as_ref().is_some_and(|b| b.0.id == id);
+        self.tried
+            .push(Tried::of(round.number, &id, r.clone(), verdict.clone()));
+        let matrix = matrix.filter(|_| self.rules.search_matrices)?;
+        // The candidate's matrix: searched only when the candidate itself is correct
+        // (every fence passed but perhaps the watchdog: slower than the best is what
+        // another point may fix; wrong code is the agent's to fix).
+        if let Some(f) = verdict.failures.iter().find(|f| f.fence != Fence::Watchdog) {
+            let reason = format!(
+                "not searched: {id} itself failed the {} fence",
+                f.fence.name()
+            );
+            if let Some(fb) = self.history.last_mut() {
+                fb.details.push(format!(
+                    "its matrix was {reason}; a matrix is searched once the candidate passes every fence but the watchdog"
+                ));
+            }
+            on(Event::SweepDone {
+                id: id.clone(),
+                evaluated: 0,
+                points: other_points(&version.defines, &matrix).len(),
+                best: None,
+                stopped: Some(reason),
+            });
+            return None;
+        }
+        let spent = agents.spent();
+        let end = self.sweep_matrix(
+            SweepInput {
+                round: round.number,
+                id: &id,
+                base: &version,
+                base_verdict: &verdict,
+                resolved: &r,
+                matrix: &matrix,
+                base_won,
+            },
+            evaluator,
+            spent,
+            &mut round.checked,
+            on,
+        );
+        if end.improved {
+            round.improved = true;
+        }
+        self.history.push(end.feedback);
+        end.budget_out.map(|which| Stop::Budget {
+            which: which.into(),
+        })
+    }
+
+    /// Verifies every point of a candidate's matrix (each combination of its values over
+    /// the candidate's defines, skipping the candidate's own), one after another, each
+    /// judged by the loop's rule against the best so far ([`improvement`]), so the last
+    /// point to improve is the best. A point counts as a candidate; when the candidate or
+    /// wall budget runs out, the sweep stops with the best so far kept. A failing point
+    /// is recorded with its verdict but never counts towards an escalation: it is the
+    /// search's data, not the agent repeating an error.
+    fn sweep_matrix(
+        &mut self,
+        c: SweepInput<'_>,
+        evaluator: &mut dyn Evaluate,
+        spent: (u64, f64),
+        checked: &mut Vec<Checked>,
+        on: &mut dyn FnMut(Event),
+    ) -> SweepEnd {
+        let base_defines = c.base.defines.clone();
+        let points = other_points(&base_defines, c.matrix);
+        let mut sweep = MatrixSweep {
+            base: c.id.to_string(),
+            matrix: c.matrix.clone(),
+            points: vec![SweptPoint {
+                id: c.id.to_string(),
+                defines: base_defines.clone(),
+                verdict: c.base_verdict.clone(),
+            }],
+            planned: points.len(),
+            chosen: c.base_won.then(|| c.id.to_string()),
+            stopped: None,
+        };
+        on(Event::Sweep {
+            id: c.id.to_string(),
+            points: points.len(),
+        });
+        let mut end = SweepEnd {
+            improved: false,
+            feedback: Feedback {
+                round: c.round,
+                candidate: format!("{} matrix", c.id),
+                verdict: String::new(),
+                details: vec![point_line(c.id, &base_defines, c.base_verdict)],
+            },
+            budget_out: None,
+        };
+        for (j, defines) in points.into_iter().enumerate() {
+            let over = if self.candidates >= self.budget.candidates {
+                Some("candidates")
+            } else if self.started.elapsed() > self.budget.wall {
+                Some("wall time")
+            } else {
+                self.run.check(self.candidates, spent.0, spent.1)
+            };
+            if let Some(which) = over {
+                sweep.stopped = Some(format!("the {which} budget ran out"));
+                end.budget_out = Some(which);
+                break;
+            }
+            self.candidates += 1;
+            let id = format!("{}-m{}", c.id, j + 1);
+            on(Event::Candidate { id: id.clone() });
+            let mut version = c.base.clone();
+            version.id = id.clone();
+            version.defines = defines.clone();
+            let verdict = evaluator.evaluate(&version, self.best.us.as_ref());
+            let values: BTreeMap<String, i64> = defines
+                .iter()
+                .filter(|(k, _)| c.matrix.contains_key(*k))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            let point = MatrixPoint {
+                base: c.id.to_string(),
+                values,
+            };
+            on(Event::Verdict {
+                id: id.clone(),
+                accepted: verdict.accepted,
+                summary: verdict.summary(),
+                round: c.round,
+                diagnosis: c.resolved.proposal.diagnosis.summary.clone(),
+                point: Some(point.clone()),
+                version: Box::new(version.clone()),
+                verdict: Box::new(verdict.clone()),
+                best_us: self.best.us.clone(),
+                from_record: evaluator.last_from_record(),
+            });
+            let mut resolved = c.resolved.clone();
+            resolved.proposal.defines = defines.clone();
+            let gain = improvement(&verdict, &self.rules);
+            if let Some(gain) = gain {
+                on(Event::Improved {
+                    id: id.clone(),
+                    speedup: gain,
+                });
+                end.improved = true;
+                self.best.adopt(&id, &version, &verdict);
+                self.found = Some((version.clone(), resolved.clone(), verdict.clone()));
+                sweep.chosen = Some(id.clone());
+            }
+            let line = point_line(&id, &defines, &verdict);
+            end.feedback.details.push(line.clone());
+            checked.push(Checked {
+                id: id.clone(),
+                version,
+                verdict: verdict.clone(),
+                feedback: Feedback {
+                    round: c.round,
+                    candidate: id.clone(),
+                    verdict: line,
+                    details: Vec::new(),
+                },
+                improved: gain.is_some(),
+            });
+            sweep.points.push(SweptPoint {
+                id: id.clone(),
+                defines,
+                verdict: verdict.clone(),
+            });
+            self.tried.push(Tried {
+                round: c.round,
+                id,
+                resolved: Some(resolved),
+                verdict: Some(verdict),
+                error: None,
+                point: Some(point),
+            });
+        }
+        let evaluated = sweep.points.len() - 1;
+        let verified = sweep.points.iter().filter(|p| p.verdict.accepted).count();
+        end.feedback.verdict = format!(
+            "the loop evaluated {evaluated} of the {} other point(s) of your matrix; {verified} of {} point(s), yours included, passed every fence{}{}",
+            sweep.planned,
+            evaluated + 1,
+            match &sweep.chosen {
+                Some(p) => format!("; the best is now {p}"),
+                None => "; none beat the best".into(),
+            },
+            sweep
+                .stopped
+                .as_ref()
+                .map(|s| format!("; stopped: {s}"))
+                .unwrap_or_default()
+        );
+        on(Event::SweepDone {
+            id: c.id.to_string(),
+            evaluated,
+            points: sweep.planned,
+            best: sweep.chosen.clone(),
+            stopped: sweep.stopped.clone(),
+        });
+        if sweep.chosen.is_some() {
+            self.found_sweep = Some(sweep);
+        }
+        end
+    }
+
+    /// Ends the loop with `stop`, charging the run what the agents spent since the last
+    /// check.
+    pub fn finish(mut self, stop: Stop, agents: &dyn Agents) -> Finished {
+        let (tokens, dollars) = agents.spent();
+        self.run.check(self.candidates, tokens, dollars);
+        Finished {
+            stop,
+            rounds: self.rounds,
+            tried: self.tried,
+            best: self.found,
+            best_sweep: self.found_sweep,
+        }
+    }
+}
+
+/// The candidate whose matrix is searched.
+struct SweepInput<'a> {
+    round: u32,
+    id: &'a str,
+    base: &'a KernelVersion,
+    base_verdict: &'a Verdict,
+    resolved: &'a Resolved,
+    matrix: &'a BTreeMap<String, Vec<i64>>,
+    /// Whether the candidate's own defines just became the best.
+    base_won: bool,
+}
+
+struct SweepEnd {
+    improved: bool,
+    /// The feedback the agent gets: one line per point.
+    feedback: Feedback,
+    /// The budget that ran out during the sweep, if one did.
+    budget_out: Option<&'static str>,
+}
+
+/// The full defines of every point of `matrix` but the candidate's own (`base`), in the
+/// order of [`proposal::matrix_points`].
+fn other_points(
+    base: &BTreeMap<String, i64>,
+    matrix: &BTreeMap<String, Vec<i64>>,
+) -> Vec<BTreeMap<String, i64>> {
+    proposal::matrix_points(matrix)
+        .into_iter()
+        .map(|values| {
+            let mut d = base.clone();
+            d.extend(values);
+            d
+        })
+        .filter(|d| d != base)
+        .collect()
+}
+
+/// A point's line of the sweep's feedback: its defines, its verdict, its time per shape.
+fn point_line(id: &str, defines: &BTreeMap<String, i64>, v: &Verdict) -> String {
+    // Times only of correct points: a wrong point's time means nothing.
+    let correct = v.correct();
+    let times = v
+        .shapes
+        .iter()
+        .filter(|s| correct && !s.held_out)
+        .filter_map(|s| Some(format!("{} {:.2} µs", s.shape, s.candidate_us?)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "{id} ({}): {}{}",
+        describe_defines(defines),
+        if v.accepted {
+            "verified".to_string()
+        } else {
+            format!("rejected: {}", v.summary().lines().next().unwrap_or(""))
+        },
+        if times.is_empty() {
+            String::new()
+        } else {
+            format!("; {times}")
+        }
+    )
+}
+
+fn error_key(v: &Verdict) -> Option<(Fence, String)> {
+    let f = v.failures.first()?;
+    let line = f.message.lines().next().unwrap_or("").to_string();
+    Some((f.fence, line))
+}

@@ -1,0 +1,263 @@
+//! The loop stepped a round at a time (`LoopState::round`), as the MCP server steps it:
+//! each candidate judged against the best so far, the rules and budgets read as data.
+
+use std::collections::BTreeMap;
+
+use kopt_agent::proposal::{self, Resolved};
+use kopt_agent::run::{Budget, Evaluate, LoopState, Rules, Stop, Unreviewed};
+use kopt_engine::job::KernelVersion;
+use kopt_engine::stats::watchdog;
+use kopt_engine::verdict::{Failure, Fence, ShapeFigures, Verdict};
+
+const SHAPE: &str = "n=4096";
+const REFERENCE_US: f64 = 10.0;
+
+fn spec() -> kopt_spec::KernelSpec {
+    let item = kopt_spec::spec::parse_item(
+        "pub fn scale(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: u32);"
+            .parse()
+            .unwrap(),
+    )
+    .unwrap();
+    kopt_spec::spec::parse_kernel("reference = \"k.cu\", x: [n], y: [n], grid = ceil_div(n, 256), block = 256, tunables = { BLOCK: [128, 256, 512] }, shapes = [{ n: 4096 }]".parse().unwrap(), &item).unwrap().0
+}
+
+const REFERENCE: &str = "extern \"C\" __global__ void scale(const float* x, float* y, unsigned n) {\n    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = 2.0f * x[i];\n}\n";
+
+/// A candidate whose source says how it fares: `// time T` (µs), or `// fails FENCE: why`.
+fn candidate(marker: &str, matrix: Option<serde_json::Value>) -> Resolved {
+    let mut p = serde_json::json!({
+        "diagnosis": { "bottleneck": "memory-bound", "summary": marker, "evidence": ["dram 61% of peak"] },
+        "changes": [{ "what": "a change", "why": "a reason" }],
+        "risks": [],
+        "expected": [{ "metric": "time", "change": "lower" }],
+        "candidate": { "source": format!("{REFERENCE}// {marker}\n") },
+        "defines": { "BLOCK": 256 },
+    });
+    if let Some(m) = matrix {
+        p["matrix"] = m;
+    }
+    let text = serde_json::json!({ "proposals": [p] }).to_string();
+    proposal::parse(&text, &spec(), REFERENCE)
+        .expect("a valid proposal")
+        .remove(0)
+}
+
+/// Judges a candidate by its marker; a matrix point with `BLOCK=512` is 20% faster than
+/// its candidate.
+#[derive(Default)]
+struct Marked {
+    evaluated: Vec<String>,
+}
+
+impl Evaluate for Marked {
+    fn evaluate(&mut self, v: &KernelVersion, best_us: Option<&BTreeMap<String, f64>>) -> Verdict {
+        self.evaluated.push(v.id.clone());
+        let marker = v
+            .source
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim_start_matches("// ");
+        let mut verdict = Verdict {
+            accepted: true,
+            failures: vec![],
+            shapes: vec![],
+            wins: vec![],
+            comparisons: vec![],
+            outliers: vec![],
+            notes: vec![],
+            compile_log: String::new(),
+            seeds: vec![],
+            sanitizer: None,
+        };
+        if let Some(why) = marker.strip_prefix("fails ") {
+            let (fence, message) = why.split_once(": ").unwrap();
+            verdict.accepted = false;
+            verdict.failures.push(Failure {
+                fence: if fence == "compile" {
+                    Fence::Compile
+                } else {
+                    Fence::Numerics
+                },
+                shape: None,
+                message: message.to_string(),
+            });
+            return verdict;
+        }
+        let mut us: f64 = marker.strip_prefix("time ").unwrap().parse().unwrap();
+        if v.defines.get("BLOCK") == Some(&512) {
+            us *= 0.8;
+        }
+        let best = best_us
+            .and_then(|b| b.get(SHAPE))
+            .copied()
+            .unwrap_or(REFERENCE_US);
+        verdict.comparisons = watchdog(&[(SHAPE.to_string(), best, us)], 0.03);
+        verdict.shapes.push(
+            serde_json::from_value::<ShapeFigures>(serde_json::json!({
+                "shape": SHAPE, "held_out": false, "candidate_us": us, "speedup": REFERENCE_US / us,
+                "max_abs_error": 0.0, "max_rel_error": 0.0
+            }))
+            .unwrap(),
+        );
+        verdict
+    }
+}
+
+fn state(rules: Rules, budget: Budget) -> LoopState<'static> {
+    LoopState::new(
+        &KernelVersion::reference(&spec(), REFERENCE),
+        None,
+        rules,
+        budget,
+        None,
+    )
+}
+
+#[test]
+fn each_candidate_is_judged_against_the_best_before_it() {
+    let mut s = state(Rules::default(), Budget::default());
+    let mut eval = Marked::default();
+    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
+    let r = s.round(
+        round,
+        vec![
+            ("r1c1".into(), candidate("time 5.0", None)),
+            // 2x the reference, but slower than r1c1: no new best.
+            ("r1c2".into(), candidate("time 5.5", None)),
+        ],
+        &mut Unreviewed,
+        &mut eval,
+        &mut |_| {},
+    );
+    assert_eq!(r.stop, None);
+    assert!(r.improved);
+    let improved: Vec<(&str, bool)> = r
+        .checked
+        .iter()
+        .map(|c| (c.id.as_str(), c.improved))
+        .collect();
+    assert_eq!(improved, [("r1c1", true), ("r1c2", false)]);
+    assert_eq!(s.best_label(), "r1c1");
+    assert_eq!(s.best_times().unwrap()[SHAPE], 5.0);
+    assert_eq!(s.history().len(), 2);
+    assert!(
+        s.history()[1].details[0].contains("against the best 5.00 µs"),
+        "{:?}",
+        s.history()[1]
+    );
+    let end = s.finish(Stop::Rounds, &Unreviewed);
+    assert_eq!(end.best.unwrap().0.id, "r1c1");
+    assert_eq!(end.tried.len(), 2);
+}
+
+#[test]
+fn the_default_rules_search_a_matrix_and_escalate_a_repeated_error() {
+    let mut s = state(Rules::default(), Budget::default());
+    let mut eval = Marked::default();
+    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
+    let r = s.round(
+        round,
+        vec![(
+            "r1c1".into(),
+            candidate("time 8.0", Some(serde_json::json!({ "BLOCK": [256, 512] }))),
+        )],
+        &mut Unreviewed,
+        &mut eval,
+        &mut |_| {},
+    );
+    assert_eq!(eval.evaluated, ["r1c1", "r1c1-m1"]);
+    assert_eq!(s.best_label(), "r1c1-m1", "BLOCK=512 is the faster point");
+    assert!(r.checked.iter().all(|c| c.improved));
+    let mut stop = None;
+    for round in 2..=4 {
+        assert_eq!(s.open_round(&Unreviewed, &mut |_| {}), Ok(round));
+        let id = format!("r{round}c1");
+        stop = s
+            .round(
+                round,
+                vec![(id, candidate("fails compile: error: BLOCK undefined", None))],
+                &mut Unreviewed,
+                &mut eval,
+                &mut |_| {},
+            )
+            .stop;
+        if stop.is_some() {
+            assert_eq!(round, 4, "the third time the same error is one too many");
+        }
+    }
+    assert!(
+        matches!(&stop, Some(Stop::Escalated { reason, .. }) if reason.contains("the same compile error came back 3 times")),
+        "{stop:?}"
+    );
+}
+
+#[test]
+fn judge_only_rules_never_escalate_and_leave_a_matrix_alone() {
+    let mut s = state(Rules::judge_only(0.03, 0.01), Budget::unlimited());
+    let mut eval = Marked::default();
+    for round in 1..=6 {
+        assert_eq!(s.open_round(&Unreviewed, &mut |_| {}), Ok(round));
+        let r = s.round(
+            round,
+            vec![(
+                format!("m{round}"),
+                candidate("fails numerics: y[3] is 2.5, not 2.0", None),
+            )],
+            &mut Unreviewed,
+            &mut eval,
+            &mut |_| {},
+        );
+        assert_eq!(r.stop, None, "round {round}");
+    }
+    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
+    let r = s.round(
+        round,
+        vec![(
+            "m7".into(),
+            candidate("time 5.0", Some(serde_json::json!({ "BLOCK": [256, 512] }))),
+        )],
+        &mut Unreviewed,
+        &mut eval,
+        &mut |_| {},
+    );
+    assert_eq!(r.checked.len(), 1, "the matrix is not searched");
+    assert_eq!(s.best_label(), "m7");
+    assert_eq!(s.candidates(), 7);
+}
+
+#[test]
+fn a_candidate_budget_stops_a_round_before_the_candidate_over_it() {
+    let budget = Budget {
+        candidates: 1,
+        ..Budget::default()
+    };
+    let mut s = state(Rules::default(), budget);
+    let mut eval = Marked::default();
+    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
+    let r = s.round(
+        round,
+        vec![
+            ("r1c1".into(), candidate("time 9.0", None)),
+            ("r1c2".into(), candidate("time 4.0", None)),
+        ],
+        &mut Unreviewed,
+        &mut eval,
+        &mut |_| {},
+    );
+    assert_eq!(
+        r.stop,
+        Some(Stop::Budget {
+            which: "candidates".into()
+        })
+    );
+    assert_eq!(eval.evaluated, ["r1c1"]);
+    assert_eq!(
+        s.open_round(&Unreviewed, &mut |_| {}),
+        Err(Stop::Budget {
+            which: "candidates".into()
+        }),
+        "and the next round does not start"
+    );
+}
