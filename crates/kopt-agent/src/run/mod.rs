@@ -42,7 +42,7 @@ use crate::context::{self, CaseLine, Feedback};
 use crate::proposal::{self, Resolved};
 
 mod round;
-pub use round::{Agents, Checked, Finished, LoopState, Round, Unreviewed};
+pub use round::{Agents, Checked, LoopState, Round, Unreviewed};
 
 /// Verifies a candidate against the reference, its watchdog comparing with `best_us`
 /// (the current best's time per shape; `None`: the reference measured in the same job).
@@ -824,23 +824,16 @@ pub fn optimize(
             break stop;
         }
     };
-    let finished = state.finish(stop, &agents);
-    let mut spend = agents.client.spend;
+    let mut out = state.finish(stop, &agents);
+    out.spend = agents.client.spend;
     if let Some(r) = &agents.reviewer {
-        spend.requests += r.spend.requests;
-        spend.retries += r.spend.retries;
-        spend.usage += r.spend.usage;
-        spend.dollars += r.spend.dollars;
+        out.spend.requests += r.spend.requests;
+        out.spend.retries += r.spend.retries;
+        out.spend.usage += r.spend.usage;
+        out.spend.dollars += r.spend.dollars;
     }
-    LoopOutcome {
-        stop: finished.stop,
-        rounds: finished.rounds,
-        tried: finished.tried,
-        best: finished.best,
-        best_sweep: finished.best_sweep,
-        spend,
-        transcript: agents.transcript,
-    }
+    out.transcript = agents.transcript;
+    out
 }
 
 /// The candidate as a kernel version: its source, and the launch rule, defines and

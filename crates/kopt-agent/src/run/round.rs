@@ -12,8 +12,10 @@ use kopt_engine::verdict::{Fence, Verdict};
 
 use super::{
     candidate_version, describe_defines, feedback, improvement, Budget, Evaluate, Event,
-    MatrixPoint, MatrixSweep, Rules, RunBudget, RunCharge, Start, Stop, SweptPoint, Task, Tried,
+    LoopOutcome, MatrixPoint, MatrixSweep, Rules, RunBudget, RunCharge, Start, Stop, SweptPoint,
+    Task, Tried,
 };
+use crate::backend::Spend;
 use crate::chat::ChatRequest;
 use crate::context::{self, ContextInput, Feedback};
 use crate::proposal::{self, Resolved};
@@ -72,16 +74,6 @@ pub struct Round {
     pub improved: bool,
     /// Why the loop stops after this round (`None`: it goes on).
     pub stop: Option<Stop>,
-}
-
-/// What the loop found, once it stopped.
-#[derive(Debug, Clone)]
-pub struct Finished {
-    pub stop: Stop,
-    pub rounds: u32,
-    pub tried: Vec<Tried>,
-    pub best: Option<(KernelVersion, Resolved, Verdict)>,
-    pub best_sweep: Option<MatrixSweep>,
 }
 
 /// The current best as the loop carries it: the version candidates are built from and
@@ -709,16 +701,19 @@ impl<'r> LoopState<'r> {
     }
 
     /// Ends the loop with `stop`, charging the run what the agents spent since the last
-    /// check.
-    pub fn finish(mut self, stop: Stop, agents: &dyn Agents) -> Finished {
+    /// check: what it tried and found (the agents' spending and transcript are the
+    /// caller's to fill in).
+    pub fn finish(mut self, stop: Stop, agents: &dyn Agents) -> LoopOutcome {
         let (tokens, dollars) = agents.spent();
         self.run.check(self.candidates, tokens, dollars);
-        Finished {
+        LoopOutcome {
             stop,
             rounds: self.rounds,
             tried: self.tried,
             best: self.found,
             best_sweep: self.found_sweep,
+            spend: Spend::default(),
+            transcript: Vec::new(),
         }
     }
 }
