@@ -315,14 +315,8 @@ pub fn accept(
     json: bool,
 ) -> Result<ExitCode, String> {
     let chosen = store::select_pending(g, kernel, arch, all).map_err(usage)?;
-    let mut lib = recording_library(rec);
-    let reports = store::accept_pending(g, &chosen, rename, lib.as_mut()).map_err(usage)?;
-    if json {
-        print_json(&reports);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut out = anstream::stdout();
-    for r in &reports {
+    let decide = |lib: Option<&mut CaseLibrary>| store::accept_pending(g, &chosen, rename, lib);
+    decide_and_print(rec, json, decide, |out, r| {
         let a = &r.accepted;
         for replaced in &r.replaced {
             let _ = writeln!(out, "{}replaces{:#} {replaced}", yellow(), yellow());
@@ -348,8 +342,7 @@ pub fn accept(
         if let Some(c) = &r.case {
             let _ = writeln!(out, "{}recorded as case {c}{:#}", dim(), dim());
         }
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// `cargo kopt reject [KERNEL] [--arch A] [--all]`.
@@ -363,14 +356,8 @@ pub fn reject(
     json: bool,
 ) -> Result<ExitCode, String> {
     let chosen = store::select_pending(g, kernel, arch, all).map_err(usage)?;
-    let mut lib = recording_library(rec);
-    let reports = store::reject_pending(g, &chosen, reason, lib.as_mut()).map_err(usage)?;
-    if json {
-        print_json(&reports);
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut out = anstream::stdout();
-    for r in &reports {
+    let decide = |lib: Option<&mut CaseLibrary>| store::reject_pending(g, &chosen, reason, lib);
+    decide_and_print(rec, json, decide, |out, r| {
         let x = &r.rejected;
         let _ = writeln!(
             out,
@@ -386,6 +373,26 @@ pub fn reject(
                 .map(|c| format!("; negative case {c}"))
                 .unwrap_or_default()
         );
+    })
+}
+
+/// Runs `decide` (accept or reject the chosen pending variants) with the case library
+/// `rec` asks for, and prints its reports: as JSON, or each through `render`.
+fn decide_and_print<R: serde::Serialize>(
+    rec: &CaseRecording,
+    json: bool,
+    decide: impl FnOnce(Option<&mut CaseLibrary>) -> Result<Vec<R>, StoreCmdError>,
+    render: impl Fn(&mut dyn Write, &R),
+) -> Result<ExitCode, String> {
+    let mut lib = recording_library(rec);
+    let reports = decide(lib.as_mut()).map_err(usage)?;
+    if json {
+        print_json(&reports);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = anstream::stdout();
+    for r in &reports {
+        render(&mut out, r);
     }
     Ok(ExitCode::SUCCESS)
 }

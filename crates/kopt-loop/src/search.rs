@@ -36,7 +36,7 @@ use kopt_search::run::{
 };
 use kopt_search::seed::{self, Bottleneck, Guide, ParameterMatrix, SnapshotHints};
 use kopt_search::space::{Limits, OptionAxes, Space};
-use kopt_search::strategy::StrategyKind;
+use kopt_search::strategy::{MakeStrategy, StrategyKind};
 use kopt_spec::shapes::{held_out_byte_cap, held_out_shapes_for};
 use kopt_store::KoptDir;
 use serde::Serialize;

@@ -3,8 +3,8 @@
 
 use std::fmt::Write;
 
-use kopt_search::bench::Row;
 use kopt_spec::files::Rationale;
+use kopt_spec::search_bench::{self, Row};
 use kopt_store::pending::PendingVariant;
 
 use crate::input::{BenchFile, BenchRow, Report, SearchBenchFile};
@@ -356,7 +356,7 @@ fn median_curve(r: &Row, best: f64) -> Vec<(f64, f64)> {
             .collect();
         // Until more than half of the trials have a passing point, the median is unknown.
         if v.len() * 2 > r.trials.len() {
-            if let Some(m) = kopt_search::bench::median(&mut v) {
+            if let Some(m) = search_bench::median(&mut v) {
                 curve.push(((i + 1) as f64, m));
             }
         }

@@ -13,8 +13,8 @@
 use std::path::{Path, PathBuf};
 
 use kopt_engine::protocol::{Ceilings, DeviceInfo};
-use kopt_search::bench::{Landscape, Row};
 use kopt_spec::files::{LockFile, Rationale};
+use kopt_spec::search_bench::{Landscape, Row};
 use kopt_store::pending::{self, PendingVariant};
 use serde::{Deserialize, Serialize};
 

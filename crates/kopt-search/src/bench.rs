@@ -10,45 +10,19 @@
 //! for, plus the strategy's own time, so the figures of every strategy come from one set
 //! of measurements; `cargo kopt search-bench --live` re-measures every trial instead
 //! (the same driver, a fresh evaluation of every point, the wall clock).
+//!
+//! The rows and the landscape are the data of the file it writes, defined in
+//! `kopt_spec::search_bench` so that the report reads them without this crate.
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
+pub use kopt_spec::search_bench::{median, Landscape, Row, Trial};
 
 use crate::interesting::Interesting;
 use crate::run::{self, Budget, Evaluator, PointOutcome, PointSpec, Prior, Quiet, Settings};
 use crate::seed::Guide;
 use crate::space::Space;
-use crate::strategy::StrategyKind;
-
-/// The landscape an exhaustive run found.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Landscape {
-    pub valid: usize,
-    pub evaluated: usize,
-    pub passed: usize,
-    pub best: Option<usize>,
-    pub best_label: Option<String>,
-    pub best_cost: Option<f64>,
-    pub median_cost: Option<f64>,
-    /// Median cost over best cost: how much faster the best is than the median point.
-    pub best_over_median: Option<f64>,
-    /// Points within the target of the best.
-    pub near_best: usize,
-}
-
-pub fn median(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
+use crate::strategy::{MakeStrategy, StrategyKind};
 
 /// The landscape of a table of outcomes (one per point).
 pub fn landscape(space: &Space, table: &HashMap<usize, PointOutcome>, target: f64) -> Landscape {
@@ -95,25 +69,6 @@ impl Evaluator for Replay<'_> {
             )
         })
     }
-}
-
-/// One search until the target.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Trial {
-    pub strategy: StrategyKind,
-    pub seeded: bool,
-    pub seed: u64,
-    /// Evaluations until the best was within the target (None: never).
-    pub evaluations: Option<usize>,
-    /// Seconds until then (see the module's documentation for what they count).
-    pub seconds: Option<f64>,
-    pub total_evaluations: usize,
-    pub total_seconds: f64,
-    /// The best cost after each evaluation, in order (None until a point passed): the
-    /// convergence curve. The trial stops at the target, so it is as long as
-    /// `total_evaluations`.
-    #[serde(default)]
-    pub best_so_far: Vec<Option<f64>>,
 }
 
 /// Runs one trial with `evaluator` until the best cost is at most `target_cost` (or the
@@ -184,21 +139,6 @@ pub fn trial(
         },
         best_so_far,
     }
-}
-
-/// A row of the convergence table.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Row {
-    pub strategy: StrategyKind,
-    pub seeded: bool,
-    pub seeds: usize,
-    /// Trials that reached the target.
-    pub reached: usize,
-    pub median_evaluations: Option<f64>,
-    pub median_seconds: Option<f64>,
-    /// Evaluations per second over all the row's trials.
-    pub evaluations_per_second: f64,
-    pub trials: Vec<Trial>,
 }
 
 /// Summarises trials of one strategy and seeding.

@@ -214,6 +214,18 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
     }
 
+    /// In round 0, point `id` of `cost` with one metric, against a best of cost 1.0 with
+    /// the metrics `best`.
+    fn observe(
+        i: &mut Interesting,
+        id: usize,
+        cost: f64,
+        metric: (&str, f64),
+        best: &BTreeMap<String, f64>,
+    ) -> Option<String> {
+        i.observe(0, id, Some(cost), &m(&[metric]), Some((1.0, best)))
+    }
+
     #[test]
     fn kept_for_n_rounds_only_when_not_faster_and_moved_strongly() {
         let goals = vec![MetricGoal::new(
@@ -225,45 +237,13 @@ mod tests {
         let mut i = Interesting::new(goals, m(&[("global_load_bytes", 4.0)]), 2);
         let best = m(&[("global_load_bytes", 4.0)]);
         // Faster than the best: a new best, not "interesting".
-        assert!(i
-            .observe(
-                0,
-                1,
-                Some(0.9),
-                &m(&[("global_load_bytes", 16.0)]),
-                Some((1.0, &best))
-            )
-            .is_none());
+        assert!(observe(&mut i, 1, 0.9, ("global_load_bytes", 16.0), &best).is_none());
         // Not faster, metric barely moved.
-        assert!(i
-            .observe(
-                0,
-                2,
-                Some(1.1),
-                &m(&[("global_load_bytes", 5.0)]),
-                Some((1.0, &best))
-            )
-            .is_none());
+        assert!(observe(&mut i, 2, 1.1, ("global_load_bytes", 5.0), &best).is_none());
         // Far slower: not a lead.
-        assert!(i
-            .observe(
-                0,
-                3,
-                Some(2.5),
-                &m(&[("global_load_bytes", 16.0)]),
-                Some((1.0, &best))
-            )
-            .is_none());
+        assert!(observe(&mut i, 3, 2.5, ("global_load_bytes", 16.0), &best).is_none());
         // Not faster, loads 4x wider: kept.
-        let why = i
-            .observe(
-                0,
-                4,
-                Some(1.2),
-                &m(&[("global_load_bytes", 16.0)]),
-                Some((1.0, &best)),
-            )
-            .unwrap();
+        let why = observe(&mut i, 4, 1.2, ("global_load_bytes", 16.0), &best).unwrap();
         assert!(why.contains("global_load_bytes 4 -> 16"), "{why}");
         assert_eq!(i.live(), vec![4]);
         i.expire(1);
@@ -284,43 +264,11 @@ mod tests {
         let mut i = Interesting::new(goals, m(&[("registers", 128.0)]), 3);
         // The best has 64 registers: 60 is not a strong move from there.
         let best = m(&[("registers", 64.0)]);
-        assert!(i
-            .observe(
-                0,
-                1,
-                Some(1.05),
-                &m(&[("registers", 60.0)]),
-                Some((1.0, &best))
-            )
-            .is_none());
-        assert!(i
-            .observe(
-                0,
-                2,
-                Some(1.05),
-                &m(&[("registers", 40.0)]),
-                Some((1.0, &best))
-            )
-            .is_some());
+        assert!(observe(&mut i, 1, 1.05, ("registers", 60.0), &best).is_none());
+        assert!(observe(&mut i, 2, 1.05, ("registers", 40.0), &best).is_some());
         // Without the metric on the best, the snapshot's baseline counts.
         let best = m(&[]);
-        assert!(i
-            .observe(
-                0,
-                3,
-                Some(1.05),
-                &m(&[("registers", 96.0)]),
-                Some((1.0, &best))
-            )
-            .is_some());
-        assert!(Interesting::none()
-            .observe(
-                0,
-                1,
-                Some(1.0),
-                &m(&[("registers", 1.0)]),
-                Some((1.0, &best))
-            )
-            .is_none());
+        assert!(observe(&mut i, 3, 1.05, ("registers", 96.0), &best).is_some());
+        assert!(observe(&mut Interesting::none(), 1, 1.0, ("registers", 1.0), &best).is_none());
     }
 }

@@ -18,8 +18,6 @@
 //!   preferred values. Interesting points join the parents while they live.
 
 use std::collections::BTreeSet;
-use std::fmt;
-use std::str::FromStr;
 
 use crate::rng::Rng;
 use crate::run::{History, PointOutcome};
@@ -55,60 +53,23 @@ pub trait Strategy {
     }
 }
 
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum StrategyKind {
-    Exhaustive,
-    Random,
-    Hill,
-    Evolution,
+pub use kopt_spec::search_bench::StrategyKind;
+
+/// Builds the strategy a [`StrategyKind`] names (the kind itself is a name in files and
+/// command lines, so it lives with the file formats in `kopt-spec`).
+pub trait MakeStrategy {
+    /// A fresh strategy of this kind under `seed`.
+    fn make(self, seed: u64) -> Box<dyn Strategy>;
 }
 
-impl StrategyKind {
-    pub const ALL: [StrategyKind; 4] = [
-        StrategyKind::Exhaustive,
-        StrategyKind::Random,
-        StrategyKind::Hill,
-        StrategyKind::Evolution,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            StrategyKind::Exhaustive => "exhaustive",
-            StrategyKind::Random => "random",
-            StrategyKind::Hill => "hill",
-            StrategyKind::Evolution => "evolution",
-        }
-    }
-
-    /// A fresh strategy of this kind under `seed`.
-    pub fn make(self, seed: u64) -> Box<dyn Strategy> {
+impl MakeStrategy for StrategyKind {
+    fn make(self, seed: u64) -> Box<dyn Strategy> {
         match self {
             StrategyKind::Exhaustive => Box::new(Exhaustive::new()),
             StrategyKind::Random => Box::new(Random::new(seed)),
             StrategyKind::Hill => Box::new(HillClimb::new(seed)),
             StrategyKind::Evolution => Box::new(Evolution::new(seed)),
         }
-    }
-}
-
-impl fmt::Display for StrategyKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for StrategyKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        StrategyKind::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| {
-                format!("unknown strategy `{s}`: use exhaustive, random, hill or evolution")
-            })
     }
 }
 

@@ -9,7 +9,7 @@ use kopt_search::journal::{self, Header, SearchJournal};
 use kopt_search::run::{self, Budget, Control, Observer, Prior, Record, Settings, StopReason};
 use kopt_search::seed::{self, Bottleneck, Guide, SnapshotHints};
 use kopt_search::space::{OptionAxes, Space};
-use kopt_search::strategy::StrategyKind;
+use kopt_search::strategy::{MakeStrategy, StrategyKind};
 use kopt_store::journal::{Event, Journal};
 use kopt_store::KoptDir;
 

@@ -10,7 +10,7 @@ use kopt_search::interesting::Interesting;
 use kopt_search::run::{self, Budget, Prior, Quiet, Settings, StopReason, Summary};
 use kopt_search::seed::{self, Bottleneck, Guide, ParameterMatrix, SnapshotHints};
 use kopt_search::space::{OptionAxes, Space};
-use kopt_search::strategy::StrategyKind;
+use kopt_search::strategy::{MakeStrategy, StrategyKind};
 use kopt_search::synthetic::Synthetic;
 
 fn settings(evals: usize) -> Settings {

@@ -8,11 +8,14 @@
 //! - [`shapes`]: shape arithmetic: bytes, coordinates, and the held-out shapes;
 //! - [`files`]: `kopt.lock`, `variant.toml`, `rationale.json`, `RATIONALE.md`;
 //! - [`selection`]: which committed variants are usable, and why not;
+//! - [`search_bench`]: the search benchmark's file (landscape, convergence rows), written
+//!   by the search and read by the report;
 //! - [`codegen`]: the macro's expansion.
 
 pub mod codegen;
 pub mod expr;
 pub mod files;
+pub mod search_bench;
 pub mod selection;
 pub mod shapes;
 pub mod source;

@@ -1255,6 +1255,45 @@ fn agent_that_kills(ws: &kopt_tests::ExampleWorkspace, replies: &[String]) -> St
     format!("cmd:{}", script.display())
 }
 
+/// An [`agent_that_kills`] whose three replies propose the reference with these fake
+/// speedups, set to be killed while asking for its second round (after the first
+/// candidate's verdict): the agent's command and the folder it counts requests in.
+fn agent_killed_in_round_2(
+    ws: &kopt_tests::ExampleWorkspace,
+    s: &Setup,
+    speedups: [&str; 3],
+) -> (String, PathBuf) {
+    let replies = speedups.map(|x| proposal(&s.source(&format!("// kopt-fake: speedup {x}"))));
+    let agent = agent_that_kills(ws, &replies);
+    let agent_dir = ws.root.join("killing-agent");
+    std::fs::write(agent_dir.join("kill-at-2"), "").unwrap();
+    (agent, agent_dir)
+}
+
+/// `cargo kopt optimize softmax --no-ncu EXTRA.. --agent AGENT --budget rounds=2 FLAG RUN
+/// --message-format json` on the fake device (`FLAG`: `--run` or `--resume`).
+fn optimize_two_rounds(
+    ws: &kopt_tests::ExampleWorkspace,
+    agent: &str,
+    extra: &[&str],
+    flag: &str,
+    run: &str,
+) -> std::process::Output {
+    let mut args = vec!["optimize", "softmax", "--no-ncu"];
+    args.extend_from_slice(extra);
+    args.extend([
+        "--agent",
+        agent,
+        "--budget",
+        "rounds=2",
+        flag,
+        run,
+        "--message-format",
+        "json",
+    ]);
+    kopt_on_fake(ws, &args)
+}
+
 /// The journal's events, parsed.
 fn events(ws: &kopt_tests::ExampleWorkspace, run_id: &str) -> Vec<serde_json::Value> {
     journal_of(ws, run_id)
@@ -1291,42 +1330,14 @@ fn summary_of(events: &[serde_json::Value]) -> String {
 #[test]
 fn a_killed_run_keeps_its_verdicts_and_resumes_without_evaluating_them_again() {
     let ws = kopt_tests::ExampleWorkspace::new();
-    let s = setup();
-    let agent = agent_that_kills(
-        &ws,
-        &[
-            proposal(&s.source("// kopt-fake: speedup 1.3")),
-            proposal(&s.source("// kopt-fake: speedup 1.3")),
-            proposal(&s.source("// kopt-fake: speedup 1.5")),
-        ],
-    );
-    let agent_dir = ws.root.join("killing-agent");
+    let (agent, agent_dir) = agent_killed_in_round_2(&ws, &setup(), ["1.3", "1.3", "1.5"]);
     let asked = || {
         std::fs::read_to_string(agent_dir.join("agent-count"))
             .unwrap()
             .trim()
             .to_string()
     };
-    // Killed while asking for its second round, after the first candidate's verdict.
-    std::fs::write(agent_dir.join("kill-at-2"), "").unwrap();
-    let optimize = |flag: &str| {
-        kopt_on_fake(
-            &ws,
-            &[
-                "optimize",
-                "softmax",
-                "--no-ncu",
-                "--agent",
-                &agent,
-                "--budget",
-                "rounds=2",
-                flag,
-                "killed",
-                "--message-format",
-                "json",
-            ],
-        )
-    };
+    let optimize = |flag: &str| optimize_two_rounds(&ws, &agent, &[], flag, "killed");
     let o = optimize("--run");
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&o.status),
@@ -1486,37 +1497,9 @@ fn a_killed_run_keeps_its_verdicts_and_resumes_without_evaluating_them_again() {
 #[test]
 fn a_resumed_run_whose_context_changed_asks_the_agent_again() {
     let ws = kopt_tests::ExampleWorkspace::new();
-    let s = setup();
-    let agent = agent_that_kills(
-        &ws,
-        &[
-            proposal(&s.source("// kopt-fake: speedup 1.3")),
-            proposal(&s.source("// kopt-fake: speedup 1.3")),
-            proposal(&s.source("// kopt-fake: speedup 1.4")),
-        ],
-    );
-    let agent_dir = ws.root.join("killing-agent");
-    // Killed while asking for its second round, after the first candidate's verdict.
-    std::fs::write(agent_dir.join("kill-at-2"), "").unwrap();
-    let optimize = |flag: &str| {
-        kopt_on_fake(
-            &ws,
-            &[
-                "optimize",
-                "softmax",
-                "--no-ncu",
-                "--from-reference",
-                "--agent",
-                &agent,
-                "--budget",
-                "rounds=2",
-                flag,
-                "changed",
-                "--message-format",
-                "json",
-            ],
-        )
-    };
+    let (agent, _) = agent_killed_in_round_2(&ws, &setup(), ["1.3", "1.3", "1.4"]);
+    let optimize =
+        |flag: &str| optimize_two_rounds(&ws, &agent, &["--from-reference"], flag, "changed");
     let o = optimize("--run");
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&o.status),

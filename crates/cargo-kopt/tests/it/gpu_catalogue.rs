@@ -47,6 +47,32 @@ fn gpu_engine(scratch: &Path, step_timeout_s: u64) -> Engine {
     engine
 }
 
+/// The example gathered into `scratch` and an engine on the GPU, for a test of thread-block
+/// clusters; None (said on stdout) on a device before sm_90, which has none.
+fn cluster_device(scratch: &Path) -> Option<(gather::Gathered, Engine)> {
+    let g = gathered(scratch);
+    let mut engine = gpu_engine(scratch, 15);
+    let info = engine.device().expect("device info");
+    if info.compute_capability.0 < 9 {
+        println!("{}: no thread-block clusters before sm_90", info.name);
+        return None;
+    }
+    Some((g, engine))
+}
+
+/// Settings that time briefly (0.2 s, at most 15 samples): for tests of what launches and
+/// passes, not of how fast.
+fn brief_timing() -> Settings {
+    Settings {
+        timing: TimingPolicy {
+            max_seconds: 0.2,
+            max_samples: 15,
+            ..TimingPolicy::default()
+        },
+        ..Settings::default()
+    }
+}
+
 const HEADER: &str = "#define NEG_INF __int_as_float(0xff800000)\n";
 
 /// The reference's algorithm with a twist: `body` replaces the final loop (the write);
@@ -413,14 +439,10 @@ fn a_cluster_of_16_blocks_launches() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let g = gathered(scratch.path());
-    let k = softmax_of(&g);
-    let mut engine = gpu_engine(scratch.path(), 15);
-    let info = engine.device().expect("device info");
-    if info.compute_capability.0 < 9 {
-        println!("{}: no thread-block clusters before sm_90", info.name);
+    let Some((g, mut engine)) = cluster_device(scratch.path()) else {
         return;
-    }
+    };
+    let k = softmax_of(&g);
     // The reference's algorithm, one block per row, in clusters of 16 (the grid rounded up
     // to whole clusters; the blocks past the last row return).
     let source = softmax_with(GOOD_WRITE, "").replace(
@@ -441,14 +463,7 @@ fn a_cluster_of_16_blocks_launches() {
         &names,
     )
     .unwrap();
-    let settings = Settings {
-        timing: TimingPolicy {
-            max_seconds: 0.2,
-            max_samples: 15,
-            ..TimingPolicy::default()
-        },
-        ..Settings::default()
-    };
+    let settings = brief_timing();
     let job = eval::job(&g, k, candidate, None, &settings, true);
     let ev = engine.evaluate(&job, &mut |_| {});
     let verdict = Judge::new(None).judge(&ev.report);
@@ -467,14 +482,10 @@ fn a_cluster_set_at_launch_reaches_the_kernel() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();
-    let g = gathered(scratch.path());
-    let k = softmax_of(&g);
-    let mut engine = gpu_engine(scratch.path(), 15);
-    let info = engine.device().expect("device info");
-    if info.compute_capability.0 < 9 {
-        println!("{}: no thread-block clusters before sm_90", info.name);
+    let Some((g, mut engine)) = cluster_device(scratch.path()) else {
         return;
-    }
+    };
+    let k = softmax_of(&g);
     let source = softmax_with(GOOD_WRITE, "").replace(
         "    __shared__ float scratch[32];\n",
         "    __shared__ float scratch[32];\n    { unsigned int n; asm volatile(\"mov.u32 %0, %%cluster_nctarank;\" : \"=r\"(n)); if (n != 4) __trap(); }\n",
@@ -484,14 +495,7 @@ fn a_cluster_set_at_launch_reaches_the_kernel() {
     let kinds = |n: &str| k.spec.var_kind_with(n, &[]);
     let parse =
         |t: &str| kopt_spec::expr::parse_str(t, kopt_spec::expr::Ty::Int, &kinds, &names).unwrap();
-    let settings = Settings {
-        timing: TimingPolicy {
-            max_seconds: 0.2,
-            max_samples: 15,
-            ..TimingPolicy::default()
-        },
-        ..Settings::default()
-    };
+    let settings = brief_timing();
     let mut verdicts = Vec::new();
     for with_rule in [true, false] {
         let mut candidate = KernelVersion {

@@ -58,6 +58,18 @@ impl Ws {
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)))
     }
 
+    /// `cargo kopt search row_sum ARGS`, in JSON; it must succeed.
+    fn search_row_sum(&self, args: &[&str]) -> Value {
+        self.json(&[&["search", "row_sum"], args].concat())
+    }
+
+    /// The human rendering of a command that must succeed.
+    fn human(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
     fn runs(&self) -> PathBuf {
         self.target.join("kopt/runs")
     }
@@ -77,15 +89,7 @@ fn candidates(journal: &Path) -> Vec<String> {
 #[test]
 fn exhaustive_search_finds_the_models_optimum_and_verifies_it() {
     let w = ws("");
-    let v = w.json(&[
-        "search",
-        "row_sum",
-        "--strategy",
-        "exhaustive",
-        "--options",
-        "none",
-        "--save",
-    ]);
+    let v = w.search_row_sum(&["--strategy", "exhaustive", "--options", "none", "--save"]);
     assert_eq!(v["space"]["valid"], 216);
     assert_eq!(v["space"]["raw"], 288);
     assert_eq!(v["evaluations"], 216);
@@ -143,7 +147,7 @@ fn exhaustive_search_finds_the_models_optimum_and_verifies_it() {
     assert!(rationale.contains("`VEC` 1 -> 8"), "{rationale}");
 
     // The human rendering: best per shape, the leaderboard, how to resume.
-    let o = w.run(&[
+    let out = w.human(&[
         "search",
         "row_sum",
         "--strategy",
@@ -154,8 +158,6 @@ fn exhaustive_search_finds_the_models_optimum_and_verifies_it() {
         "--budget-evals",
         "12",
     ]);
-    assert!(o.status.success(), "{}", kopt_tests::text(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
     for needle in [
         "best configuration",
         "seed matrix (heuristic",
@@ -170,9 +172,7 @@ fn exhaustive_search_finds_the_models_optimum_and_verifies_it() {
 #[test]
 fn fast_math_is_offered_then_dropped_when_it_breaks_the_tolerance() {
     let w = ws("");
-    let v = w.json(&[
-        "search",
-        "row_sum",
+    let v = w.search_row_sum(&[
         "--strategy",
         "exhaustive",
         "--budget-evals",
@@ -438,7 +438,7 @@ fn the_convergence_benchmark_replays_the_exhaustive_run() {
         med("hill", true),
         med("random", false)
     );
-    let o = w.run(&[
+    let out = w.human(&[
         "search-bench",
         "row_sum",
         "--seeds",
@@ -446,8 +446,6 @@ fn the_convergence_benchmark_replays_the_exhaustive_run() {
         "--strategies",
         "random,hill",
     ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
     for needle in [
         "median evaluations to within target",
         "evaluations/s",
@@ -465,15 +463,7 @@ fn the_convergence_benchmark_replays_the_exhaustive_run() {
 #[test]
 fn a_winner_measured_on_the_fake_device_is_never_accepted() {
     let w = ws("");
-    let v = w.json(&[
-        "search",
-        "row_sum",
-        "--options",
-        "none",
-        "--budget-evals",
-        "20",
-        "--save",
-    ]);
+    let v = w.search_row_sum(&["--options", "none", "--budget-evals", "20", "--save"]);
     assert_eq!(v["pending"], "llm-kernels/row_sum/sm_90", "{v}");
     let pending = w.json(&["pending"]);
     let dir = PathBuf::from(pending["pending"][0]["dir"].as_str().unwrap());
