@@ -13,12 +13,12 @@
 //! When the kernel declares tunables, each proposal also carries a parameter matrix: every
 //! tunable's default and its next value (the one above, or below at the top of its list),
 //! tunables taken in their declared order while the combinations stay within
-//! [`MAX_MATRIX_POINTS`]. The loop sweeps it around the rewrite, so the defaults the author
+//! [`EXHAUSTIVE_MATRIX_POINTS`]. The loop sweeps it around the rewrite, so the defaults the author
 //! chose are measured against their neighbours on the device.
 
 use std::collections::BTreeMap;
 
-use crate::proposal::MAX_MATRIX_POINTS;
+use crate::proposal::EXHAUSTIVE_MATRIX_POINTS;
 
 use crate::backend::{Backend, BackendError};
 use crate::chat::{ChatRequest, ChatResponse, Usage};
@@ -229,7 +229,7 @@ fn tunables(prompt: &str) -> Vec<(String, i64, Vec<i64>)> {
 }
 
 /// Each tunable's default and its neighbour in its list of values, in declared order while
-/// the number of combinations stays within [`MAX_MATRIX_POINTS`].
+/// the number of combinations stays within [`EXHAUSTIVE_MATRIX_POINTS`].
 fn neighbour_matrix(tunables: &[(String, i64, Vec<i64>)]) -> BTreeMap<String, Vec<i64>> {
     let mut matrix = BTreeMap::new();
     let mut points = 1;
@@ -243,7 +243,7 @@ fn neighbour_matrix(tunables: &[(String, i64, Vec<i64>)]) -> BTreeMap<String, Ve
         let Some(&neighbour) = neighbour else {
             continue;
         };
-        if points * 2 > MAX_MATRIX_POINTS {
+        if points * 2 > EXHAUSTIVE_MATRIX_POINTS {
             break;
         }
         points *= 2;

@@ -34,8 +34,9 @@ pub struct Proposal {
     #[serde(default)]
     pub options: Vec<String>,
     /// Values to search around the candidate (define name -> values): `cargo kopt
-    /// optimize` verifies every combination (at most 16 in all) with the candidate's other
-    /// defines, each counted as a candidate, and keeps the best that verifies by the rule
+    /// optimize` verifies the combinations with the candidate's other defines (every one
+    /// of at most 16; a larger matrix, at most 1024, is hill-climbed from the candidate's
+    /// values), each counted as a candidate, and keeps the best that verifies by the rule
     /// any candidate is judged by. A key must be in `defines`, a tunable of the kernel, or
     /// a name the source uses. (The MCP server's `propose_variant` verifies the
     /// candidate's own defines only; its `search` tool searches.)
@@ -43,10 +44,14 @@ pub struct Proposal {
     pub matrix: Option<BTreeMap<String, Vec<i64>>>,
 }
 
-/// The most points a proposal's `matrix` may hold (the product of its value counts):
-/// each point is a full verification counted against the candidate budget, so a matrix
-/// is a short list of values the agent expects to matter, not a search space.
-pub const MAX_MATRIX_POINTS: usize = 16;
+/// The most points a proposal's `matrix` may hold (the product of its value counts).
+/// Each point the loop verifies counts against the candidate budget: a matrix of at most
+/// [`EXHAUSTIVE_MATRIX_POINTS`] is verified point by point, a larger one is hill-climbed
+/// from the candidate's own point until the budget runs out.
+pub const MAX_MATRIX_POINTS: usize = 1024;
+
+/// The largest matrix whose every point the loop verifies.
+pub const EXHAUSTIVE_MATRIX_POINTS: usize = 16;
 
 /// Every combination of a matrix's values, in a fixed order: keys in name order, the last
 /// key's values changing fastest, each key's values in the order given.
@@ -353,7 +358,7 @@ fn check_matrix(
             .collect::<Vec<_>>()
             .join(" x ");
         errors.push(format!(
-            "the matrix has {points} points ({counts}), more than the {MAX_MATRIX_POINTS} the loop verifies for one candidate: keep the values you expect to matter (at most {MAX_MATRIX_POINTS} combinations)"
+            "the matrix has {points} points ({counts}), more than the {MAX_MATRIX_POINTS} the loop searches for one candidate: keep the values you expect to matter (at most {MAX_MATRIX_POINTS} combinations)"
         ));
     }
 }

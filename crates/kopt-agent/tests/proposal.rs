@@ -201,16 +201,16 @@ fn a_matrix_lists_each_value_once_and_stays_small() {
             .any(|e| e.contains("matrix `UNROLL` lists 2 more than once")),
         "{errs:?}"
     );
-    // 16 points pass; 17 do not.
+    // 1024 points pass (a matrix over 16 is hill-climbed, not swept); 1025 do not.
     assert!(proposal::parse(
-        &with_matrix(serde_json::json!({ "BLOCK": [32, 64, 128, 256], "UNROLL": [1, 2, 4, 8] })),
+        &with_matrix(serde_json::json!({ "BLOCK": (1..=32).collect::<Vec<i64>>(), "UNROLL": (1..=32).collect::<Vec<i64>>() })),
         &s,
         BEST
     )
     .is_ok());
     let errs = proposal::parse(
         &with_matrix(
-            serde_json::json!({ "BLOCK": [32, 64, 128, 256, 512, 1024], "UNROLL": [1, 2, 4] }),
+            serde_json::json!({ "BLOCK": (1..=41).collect::<Vec<i64>>(), "UNROLL": (1..=25).collect::<Vec<i64>>() }),
         ),
         &s,
         BEST,
@@ -218,9 +218,9 @@ fn a_matrix_lists_each_value_once_and_stays_small() {
     .unwrap_err();
     assert_eq!(
         errs,
-        vec!["proposal 1: the matrix has 18 points (6 `BLOCK` x 3 `UNROLL`), more than the 16 the loop verifies for one candidate: keep the values you expect to matter (at most 16 combinations)".to_string()]
+        vec!["proposal 1: the matrix has 1025 points (41 `BLOCK` x 25 `UNROLL`), more than the 1024 the loop searches for one candidate: keep the values you expect to matter (at most 1024 combinations)".to_string()]
     );
-    assert!(repair_prompt(&errs).contains("- proposal 1: the matrix has 18 points"));
+    assert!(repair_prompt(&errs).contains("- proposal 1: the matrix has 1025 points"));
 }
 
 #[test]
@@ -242,7 +242,8 @@ fn matrix_points_are_every_combination_in_a_fixed_order() {
             "BLOCK=256 VEC=1"
         ]
     );
-    assert_eq!(proposal::MAX_MATRIX_POINTS, 16);
+    assert_eq!(proposal::EXHAUSTIVE_MATRIX_POINTS, 16);
+    assert_eq!(proposal::MAX_MATRIX_POINTS, 1024);
     assert!(proposal::matrix_points(&Default::default()).is_empty());
 }
 

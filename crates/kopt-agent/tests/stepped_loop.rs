@@ -32,7 +32,7 @@ fn candidate(marker: &str, matrix: Option<serde_json::Value>) -> Resolved {
         "risks": [],
         "expected": [{ "metric": "time", "change": "lower" }],
         "candidate": { "source": format!("{REFERENCE}// {marker}\n") },
-        "defines": { "BLOCK": 256 },
+        "defines": { "BLOCK": 256, "UNROLL": 1 },
     });
     if let Some(m) = matrix {
         p["matrix"] = m;
@@ -107,6 +107,7 @@ impl Evaluate for Marked {
 
 fn state(rules: Rules, budget: Budget) -> LoopState<'static> {
     LoopState::new(
+        &spec(),
         &KernelVersion::reference(&spec(), REFERENCE),
         None,
         rules,
@@ -259,5 +260,52 @@ fn a_candidate_budget_stops_a_round_before_the_candidate_over_it() {
             which: "candidates".into()
         }),
         "and the next round does not start"
+    );
+}
+
+#[test]
+fn a_matrix_over_16_points_is_climbed_from_the_candidate_within_the_candidate_budget() {
+    let budget = Budget {
+        candidates: 8,
+        ..Budget::default()
+    };
+    let mut s = state(Rules::default(), budget);
+    let mut eval = Marked::default();
+    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
+    let matrix =
+        serde_json::json!({ "BLOCK": [128, 256, 512], "UNROLL": [1, 2, 3, 4, 5, 6, 7, 8] });
+    let r = s.round(
+        round,
+        vec![("r1c1".into(), candidate("time 8.0", Some(matrix)))],
+        &mut Unreviewed,
+        &mut eval,
+        &mut |_| {},
+    );
+    assert_eq!(
+        r.stop,
+        Some(Stop::Budget {
+            which: "candidates".into()
+        })
+    );
+    // The candidate, then 7 of the other 23 points: its neighbours first, BLOCK=512 (the
+    // faster block) among them.
+    assert_eq!(eval.evaluated.len(), 8, "{:?}", eval.evaluated);
+    assert_eq!(eval.evaluated[0], "r1c1");
+    let best = s.best_version();
+    assert_eq!(best.defines["BLOCK"], 512, "{:?}", best.defines);
+    let sweep = s.history().last().unwrap();
+    assert!(
+        sweep.verdict.starts_with(
+            "the loop evaluated 7 of the 23 other point(s) of your matrix, climbing from yours"
+        ),
+        "{}",
+        sweep.verdict
+    );
+    assert!(
+        sweep
+            .verdict
+            .ends_with("stopped: the candidates budget ran out"),
+        "{}",
+        sweep.verdict
     );
 }

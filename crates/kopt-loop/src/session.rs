@@ -327,9 +327,12 @@ impl Session {
     /// not settle one.
     fn steps(&mut self, name: &str) -> Result<&mut LoopState<'static>, ToolError> {
         let rules = self.rules(name);
-        let reference = {
+        let (spec, reference) = {
             let k = self.kernel(name)?;
-            KernelVersion::reference(&k.spec, &k.reference.text)
+            (
+                k.spec.clone(),
+                KernelVersion::reference(&k.spec, &k.reference.text),
+            )
         };
         Ok(self
             .kernels
@@ -337,7 +340,7 @@ impl Session {
             .or_default()
             .steps
             .get_or_insert_with(|| {
-                LoopState::new(&reference, None, rules, run::Budget::unlimited(), None)
+                LoopState::new(&spec, &reference, None, rules, run::Budget::unlimited(), None)
             }))
     }
 

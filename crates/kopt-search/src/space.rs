@@ -132,6 +132,18 @@ impl Limits {
             registers_per_block: d.registers_per_sm.min(65536),
         }
     }
+
+    /// What every architecture kopt supports allows, for a space built before a device is
+    /// known (a loop's matrix): shared memory is left to the worker's own check.
+    pub fn any_device() -> Self {
+        Limits {
+            max_threads_per_block: 1024,
+            max_block_dims: [1024, 1024, 64],
+            max_grid_dims: [i32::MAX as u32, 65535, 65535],
+            max_shared_per_block_optin: u32::MAX,
+            registers_per_block: 65536,
+        }
+    }
 }
 
 /// Which compile-option axes to offer.

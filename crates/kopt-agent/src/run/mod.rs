@@ -780,6 +780,7 @@ pub fn optimize(
 ) -> LoopOutcome {
     let schema = serde_json::to_string_pretty(&proposal::schema()).expect("serialises");
     let mut state = LoopState::new(
+        task.spec,
         &task.reference,
         task.start.as_ref(),
         rules.clone(),

@@ -4,7 +4,8 @@
 //! which verifies them, judges them against the best so far, applies the rules and the
 //! budgets (both plain data: [`Rules`], [`Budget`]) and says whether the loop goes on.
 
-use std::collections::BTreeMap;
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use kopt_engine::job::KernelVersion;
@@ -19,6 +20,16 @@ use crate::backend::Spend;
 use crate::chat::ChatRequest;
 use crate::context::{self, ContextInput, Feedback};
 use crate::proposal::{self, Resolved};
+use kopt_search::interesting::Interesting;
+use kopt_search::run::{
+    run as search_run, Budget as SearchBudget, Compiled, Control, Evaluator as SearchEvaluator,
+    Observer as SearchObserver, PointOutcome, PointSpec, Prior, Record, Settings as SearchSettings,
+    Status, StopReason,
+};
+use kopt_search::seed::{Guide, ParameterMatrix};
+use kopt_search::space::{Limits, OptionAxes, Space};
+use kopt_search::strategy::{Exhaustive, HillClimb, Strategy};
+use kopt_spec::spec::{KernelSpec, Tunable};
 
 /// What a round needs of the agents besides their proposals.
 pub trait Agents {
@@ -116,6 +127,8 @@ impl LoopBest {
 /// The loop for one kernel between two rounds: the best so far, what the agent has been
 /// told, the counts the rules read, and what was tried.
 pub struct LoopState<'r> {
+    /// The kernel's spec: a candidate's matrix is searched over its constraints and shapes.
+    spec: KernelSpec,
     rules: Rules,
     budget: Budget,
     run: RunCharge<'r>,
@@ -136,9 +149,10 @@ pub struct LoopState<'r> {
 }
 
 impl<'r> LoopState<'r> {
-    /// A loop from `reference`, or from `start` (a version verified in this run) when
-    /// given; its wall-time budget counts from now.
+    /// A loop for `spec`'s kernel from `reference`, or from `start` (a version verified
+    /// in this run) when given; its wall-time budget counts from now.
     pub fn new(
+        spec: &KernelSpec,
         reference: &KernelVersion,
         start: Option<&Start>,
         rules: Rules,
@@ -156,6 +170,7 @@ impl<'r> LoopState<'r> {
             best.adopt(&s.version.id, &s.version, &s.verdict);
         }
         LoopState {
+            spec: spec.clone(),
             rules,
             budget,
             run: RunCharge {
@@ -546,13 +561,16 @@ impl<'r> LoopState<'r> {
         })
     }
 
-    /// Verifies every point of a candidate's matrix (each combination of its values over
-    /// the candidate's defines, skipping the candidate's own), one after another, each
-    /// judged by the loop's rule against the best so far ([`improvement`]), so the last
-    /// point to improve is the best. A point counts as a candidate; when the candidate or
-    /// wall budget runs out, the sweep stops with the best so far kept. A failing point
-    /// is recorded with its verdict but never counts towards an escalation: it is the
-    /// search's data, not the agent repeating an error.
+    /// Searches a candidate's matrix with kopt-search's driver: the space of its values
+    /// over the candidate's defines, pruned by the kernel's constraints and the
+    /// candidate's launch rule on every declared shape; every point when there are at
+    /// most [`proposal::EXHAUSTIVE_MATRIX_POINTS`] (in the order of
+    /// [`proposal::matrix_points`]), else a hill climb from the candidate's own point.
+    /// Each point is verified in full and judged by the loop's rule against the best so
+    /// far ([`improvement`]), so the last point to improve is the best. A point counts as
+    /// a candidate; when the candidate, wall or run budget runs out, the sweep stops with
+    /// the best so far kept. A failing point is recorded with its verdict but never counts
+    /// towards an escalation: it is the search's data, not the agent repeating an error.
     fn sweep_matrix(
         &mut self,
         c: SweepInput<'_>,
@@ -562,23 +580,6 @@ impl<'r> LoopState<'r> {
         on: &mut dyn FnMut(Event),
     ) -> SweepEnd {
         let base_defines = c.base.defines.clone();
-        let points = other_points(&base_defines, c.matrix);
-        let mut sweep = MatrixSweep {
-            base: c.id.to_string(),
-            matrix: c.matrix.clone(),
-            points: vec![SweptPoint {
-                id: c.id.to_string(),
-                defines: base_defines.clone(),
-                verdict: c.base_verdict.clone(),
-            }],
-            planned: points.len(),
-            chosen: c.base_won.then(|| c.id.to_string()),
-            stopped: None,
-        };
-        on(Event::Sweep {
-            id: c.id.to_string(),
-            points: points.len(),
-        });
         let mut end = SweepEnd {
             improved: false,
             feedback: Feedback {
@@ -589,93 +590,133 @@ impl<'r> LoopState<'r> {
             },
             budget_out: None,
         };
-        for (j, defines) in points.into_iter().enumerate() {
-            let over = if self.candidates >= self.budget.candidates {
-                Some("candidates")
-            } else if self.started.elapsed() > self.budget.wall {
-                Some("wall time")
-            } else {
-                self.run.check(self.candidates, spent.0, spent.1)
-            };
-            if let Some(which) = over {
-                sweep.stopped = Some(format!("the {which} budget ran out"));
-                end.budget_out = Some(which);
-                break;
-            }
-            self.candidates += 1;
-            let id = format!("{}-m{}", c.id, j + 1);
-            on(Event::Candidate { id: id.clone() });
-            let mut version = c.base.clone();
-            version.id = id.clone();
-            version.defines = defines.clone();
-            let verdict = evaluator.evaluate(&version, self.best.us.as_ref());
-            let values: BTreeMap<String, i64> = defines
-                .iter()
-                .filter(|(k, _)| c.matrix.contains_key(*k))
-                .map(|(k, v)| (k.clone(), *v))
-                .collect();
-            let point = MatrixPoint {
-                base: c.id.to_string(),
-                values,
-            };
-            on(Event::Verdict {
-                id: id.clone(),
-                accepted: verdict.accepted,
-                summary: verdict.summary(),
-                round: c.round,
-                diagnosis: c.resolved.proposal.diagnosis.summary.clone(),
-                point: Some(point.clone()),
-                version: Box::new(version.clone()),
-                verdict: Box::new(verdict.clone()),
-                best_us: self.best.us.clone(),
-                from_record: evaluator.last_from_record(),
-            });
-            let mut resolved = c.resolved.clone();
-            resolved.proposal.defines = defines.clone();
-            let gain = improvement(&verdict, &self.rules);
-            if let Some(gain) = gain {
-                on(Event::Improved {
-                    id: id.clone(),
-                    speedup: gain,
+        let MatrixSpace {
+            mut space,
+            base: base_point,
+        } = match matrix_space(&self.spec, c.base, c.matrix) {
+            Ok(s) => s,
+            Err(e) => {
+                let reason = format!("not searched: {e}");
+                end.feedback.verdict = format!("the loop did not search your matrix: {e}");
+                on(Event::SweepDone {
+                    id: c.id.to_string(),
+                    evaluated: 0,
+                    points: 0,
+                    best: None,
+                    stopped: Some(reason),
                 });
-                end.improved = true;
-                self.best.adopt(&id, &version, &verdict);
-                self.found = Some((version.clone(), resolved.clone(), verdict.clone()));
-                sweep.chosen = Some(id.clone());
+                return end;
             }
-            let line = point_line(&id, &defines, &verdict);
-            end.feedback.details.push(line.clone());
-            checked.push(Checked {
-                id: id.clone(),
-                version,
-                verdict: verdict.clone(),
-                feedback: Feedback {
-                    round: c.round,
-                    candidate: id.clone(),
-                    verdict: line,
-                    details: Vec::new(),
-                },
-                improved: gain.is_some(),
-            });
-            sweep.points.push(SweptPoint {
-                id: id.clone(),
-                defines,
-                verdict: verdict.clone(),
-            });
-            self.tried.push(Tried {
-                round: c.round,
-                id,
-                resolved: Some(resolved),
-                verdict: Some(verdict),
-                error: None,
-                point: Some(point),
-            });
+        };
+        let planned = space.len() - usize::from(base_point.is_some());
+        let mut sweep = MatrixSweep {
+            base: c.id.to_string(),
+            matrix: c.matrix.clone(),
+            points: vec![SweptPoint {
+                id: c.id.to_string(),
+                defines: base_defines.clone(),
+                verdict: c.base_verdict.clone(),
+            }],
+            planned,
+            chosen: c.base_won.then(|| c.id.to_string()),
+            stopped: None,
+        };
+        on(Event::Sweep {
+            id: c.id.to_string(),
+            points: planned,
+        });
+        // The candidate's own point is known: the search starts from it and never
+        // verifies it again.
+        let mut prior = Prior::default();
+        if let Some(id) = base_point {
+            prior.outcomes.insert(id, point_outcome(c.base_verdict));
         }
+        let known = prior.outcomes.len();
+        let settings = SearchSettings {
+            budget: SearchBudget {
+                evaluations: Some(
+                    self.budget.candidates.saturating_sub(self.candidates) as usize + known,
+                ),
+                seconds: self
+                    .budget
+                    .wall
+                    .checked_sub(self.started.elapsed())
+                    .map(|left| left.as_secs_f64())
+                    .filter(|s| s.is_finite() && *s < 1e12),
+                target_cost: None,
+            },
+            compile_threads: 1,
+            compile_ahead: 1,
+        };
+        let exhaustive = planned <= proposal::EXHAUSTIVE_MATRIX_POINTS;
+        let guide = if exhaustive {
+            None
+        } else {
+            let starts = base_point.map(|id| space.values(id)).into_iter().collect();
+            Guide::new(
+                &space,
+                ParameterMatrix {
+                    source: format!("{}'s matrix", c.id),
+                    starts,
+                    ..ParameterMatrix::default()
+                },
+            )
+            .ok()
+        };
+        let mut strategy: Box<dyn Strategy> = if exhaustive {
+            Box::new(Exhaustive::new())
+        } else {
+            Box::new(HillClimb::new(0))
+        };
+        let run_out = Cell::new(None);
+        let mut judge = PointJudge {
+            c: &c,
+            evaluator,
+            rules: &self.rules,
+            best: &mut self.best,
+            found: &mut self.found,
+            tried: &mut self.tried,
+            candidates: &mut self.candidates,
+            sweep: &mut sweep,
+            end: &mut end,
+            checked,
+            on: &mut *on,
+            next: 0,
+        };
+        let mut watch = SweepWatch {
+            run: &mut self.run,
+            spent,
+            candidates: *judge.candidates,
+            run_out: &run_out,
+        };
+        let summary = search_run(
+            &mut space,
+            strategy.as_mut(),
+            &mut judge,
+            guide.as_ref(),
+            Interesting::none(),
+            &settings,
+            prior,
+            &mut watch,
+        );
         let evaluated = sweep.points.len() - 1;
+        // A budget that stopped the search stopped the sweep only if points were left.
+        let which = match summary.stop {
+            _ if evaluated >= planned => None,
+            StopReason::Evaluations => Some("candidates"),
+            StopReason::Seconds => Some("wall time"),
+            StopReason::Interrupted => run_out.get(),
+            _ => None,
+        };
+        if let Some(which) = which {
+            sweep.stopped = Some(format!("the {which} budget ran out"));
+            end.budget_out = Some(which);
+        }
         let verified = sweep.points.iter().filter(|p| p.verdict.accepted).count();
         end.feedback.verdict = format!(
-            "the loop evaluated {evaluated} of the {} other point(s) of your matrix; {verified} of {} point(s), yours included, passed every fence{}{}",
+            "the loop evaluated {evaluated} of the {} other point(s) of your matrix{}; {verified} of {} point(s), yours included, passed every fence{}{}",
             sweep.planned,
+            if exhaustive { "" } else { ", climbing from yours" },
             evaluated + 1,
             match &sweep.chosen {
                 Some(p) => format!("; the best is now {p}"),
@@ -736,6 +777,221 @@ struct SweepEnd {
     feedback: Feedback,
     /// The budget that ran out during the sweep, if one did.
     budget_out: Option<&'static str>,
+}
+
+/// A candidate's matrix as a search space, and the candidate's own point in it (`None`
+/// when the matrix leaves out one of the candidate's values).
+struct MatrixSpace {
+    space: Space,
+    base: Option<usize>,
+}
+
+/// One axis per define of the candidate and per tunable of the kernel: a matrix key takes
+/// its listed values, anything else only the candidate's own value (the tunable's default
+/// where the candidate sets none); the candidate's launch rule and options.
+fn matrix_space(
+    spec: &KernelSpec,
+    base: &KernelVersion,
+    matrix: &BTreeMap<String, Vec<i64>>,
+) -> Result<MatrixSpace, String> {
+    let mut names: BTreeSet<&String> = base.defines.keys().collect();
+    names.extend(matrix.keys());
+    names.extend(spec.tunables.iter().map(|t| &t.name));
+    let mut s = spec.clone();
+    let mut own_values = BTreeMap::new();
+    s.tunables = names
+        .into_iter()
+        .map(|name| {
+            let own = base.defines.get(name).copied().or_else(|| {
+                spec.tunables
+                    .iter()
+                    .find(|t| &t.name == name)
+                    .map(|t| t.default)
+            });
+            let values = matrix
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| own.into_iter().collect());
+            if let Some(v) = own.filter(|v| values.contains(v)) {
+                own_values.insert(name.clone(), v);
+            }
+            Tunable {
+                name: name.clone(),
+                default: own.filter(|v| values.contains(v)).unwrap_or(values[0]),
+                values,
+            }
+        })
+        .collect();
+    s.launch = base.launch.clone();
+    s.options = base.options.clone();
+    let space = Space::build(&s, &Limits::any_device(), &OptionAxes::none())
+        .map_err(|e| format!("{e:?}"))?;
+    let base = space.find(&own_values);
+    Ok(MatrixSpace { space, base })
+}
+
+/// A verified point as the search sees it: failed when a fence but the watchdog rejected
+/// it (slower than the best is still a place to climb from), else its cost, the geometric
+/// mean of the reference's time over its own on the shapes it was timed on.
+fn point_outcome(v: &Verdict) -> PointOutcome {
+    if let Some(f) = v.failures.iter().find(|f| f.fence != Fence::Watchdog) {
+        let status = if f.fence == Fence::Compile {
+            Status::CompileFailed
+        } else {
+            Status::Failed
+        };
+        return PointOutcome::failed(status, f.fence.name(), v.summary());
+    }
+    let speedups: Vec<f64> = v
+        .shapes
+        .iter()
+        .filter(|s| !s.held_out)
+        .filter_map(|s| s.speedup)
+        .filter(|s| *s > 0.0)
+        .collect();
+    let cost = if speedups.is_empty() {
+        1.0
+    } else {
+        (-speedups.iter().map(|s| s.ln()).sum::<f64>() / speedups.len() as f64).exp()
+    };
+    let mut o = PointOutcome::passed(cost);
+    o.shapes_us = v.candidate_times();
+    o
+}
+
+/// The loop's judge of a matrix's points, as the search's evaluator: each point a
+/// candidate `<candidate>-m<k>`, verified through the loop's [`Evaluate`] and judged
+/// against the best so far.
+struct PointJudge<'a, 'c> {
+    c: &'a SweepInput<'c>,
+    evaluator: &'a mut dyn Evaluate,
+    rules: &'a Rules,
+    best: &'a mut LoopBest,
+    found: &'a mut Option<(KernelVersion, Resolved, Verdict)>,
+    tried: &'a mut Vec<Tried>,
+    candidates: &'a mut u32,
+    sweep: &'a mut MatrixSweep,
+    end: &'a mut SweepEnd,
+    checked: &'a mut Vec<Checked>,
+    on: &'a mut dyn FnMut(Event),
+    /// Points verified so far.
+    next: usize,
+}
+
+impl SearchEvaluator for PointJudge<'_, '_> {
+    fn evaluate(
+        &mut self,
+        p: &PointSpec,
+        _compiled: Option<&Compiled>,
+        _progress: &mut dyn FnMut(&str),
+    ) -> PointOutcome {
+        let c = self.c;
+        self.next += 1;
+        *self.candidates += 1;
+        let id = format!("{}-m{}", c.id, self.next);
+        (self.on)(Event::Candidate { id: id.clone() });
+        // The candidate's defines with the matrix keys' values of the point: the kernel's
+        // other tunables are axes only to prune the space.
+        let mut defines = c.base.defines.clone();
+        defines.extend(
+            p.defines
+                .iter()
+                .filter(|(k, _)| c.matrix.contains_key(*k))
+                .map(|(k, v)| (k.clone(), *v)),
+        );
+        let mut version = c.base.clone();
+        version.id = id.clone();
+        version.defines = defines.clone();
+        let verdict = self.evaluator.evaluate(&version, self.best.us.as_ref());
+        let values: BTreeMap<String, i64> = defines
+            .iter()
+            .filter(|(k, _)| c.matrix.contains_key(*k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        let point = MatrixPoint {
+            base: c.id.to_string(),
+            values,
+        };
+        (self.on)(Event::Verdict {
+            id: id.clone(),
+            accepted: verdict.accepted,
+            summary: verdict.summary(),
+            round: c.round,
+            diagnosis: c.resolved.proposal.diagnosis.summary.clone(),
+            point: Some(point.clone()),
+            version: Box::new(version.clone()),
+            verdict: Box::new(verdict.clone()),
+            best_us: self.best.us.clone(),
+            from_record: self.evaluator.last_from_record(),
+        });
+        let mut resolved = c.resolved.clone();
+        resolved.proposal.defines = defines.clone();
+        let gain = improvement(&verdict, self.rules);
+        if let Some(gain) = gain {
+            (self.on)(Event::Improved {
+                id: id.clone(),
+                speedup: gain,
+            });
+            self.end.improved = true;
+            self.best.adopt(&id, &version, &verdict);
+            *self.found = Some((version.clone(), resolved.clone(), verdict.clone()));
+            self.sweep.chosen = Some(id.clone());
+        }
+        let line = point_line(&id, &defines, &verdict);
+        self.end.feedback.details.push(line.clone());
+        self.checked.push(Checked {
+            id: id.clone(),
+            version,
+            verdict: verdict.clone(),
+            feedback: Feedback {
+                round: c.round,
+                candidate: id.clone(),
+                verdict: line,
+                details: Vec::new(),
+            },
+            improved: gain.is_some(),
+        });
+        self.sweep.points.push(SweptPoint {
+            id: id.clone(),
+            defines,
+            verdict: verdict.clone(),
+        });
+        let outcome = point_outcome(&verdict);
+        self.tried.push(Tried {
+            round: c.round,
+            id,
+            resolved: Some(resolved),
+            verdict: Some(verdict),
+            error: None,
+            point: Some(point),
+        });
+        outcome
+    }
+}
+
+/// Charges the run each point a sweep verifies, and stops the search when a run limit is
+/// reached (the search's own budgets are the kernel's candidates and wall time).
+struct SweepWatch<'a, 'r> {
+    run: &'a mut RunCharge<'r>,
+    spent: (u64, f64),
+    candidates: u32,
+    run_out: &'a Cell<Option<&'static str>>,
+}
+
+impl SearchObserver for SweepWatch<'_, '_> {
+    fn record(&mut self, _space: &Space, r: &Record, _best: Option<&Record>) -> Control {
+        if r.replayed {
+            return Control::Continue;
+        }
+        self.candidates += 1;
+        match self.run.check(self.candidates, self.spent.0, self.spent.1) {
+            Some(which) => {
+                self.run_out.set(Some(which));
+                Control::Stop
+            }
+            None => Control::Continue,
+        }
+    }
 }
 
 /// The full defines of every point of `matrix` but the candidate's own (`base`), in the
