@@ -143,6 +143,9 @@ impl std::fmt::Display for WorkerFailure {
     }
 }
 
+/// So that a caller's error can name a worker's failure as its source.
+impl std::error::Error for WorkerFailure {}
+
 /// Seconds as a limit reads: whole seconds from 10 s, tenths below (`0.4 s`), thousandths
 /// below a tenth.
 fn seconds_text(s: f64) -> String {

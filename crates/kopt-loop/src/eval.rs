@@ -18,6 +18,8 @@ use serde::Serialize;
 
 use kopt_workspace::gather::{Gathered, Kernel};
 
+use crate::error::{Error, Result};
+
 /// Knobs shared by `verify` and `bench`.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -54,13 +56,14 @@ pub fn kopt_dir(g: &Gathered) -> PathBuf {
 
 /// The worker to use: the fake device when `KOPT_WORKER=fake` (tests, demos without a
 /// GPU), else CUDA device `device` through this very binary.
-pub fn worker_command(device: usize) -> Result<WorkerCommand, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate cargo-kopt: {e}"))?;
+pub fn worker_command(device: usize) -> Result<WorkerCommand> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Environment(format!("cannot locate cargo-kopt: {e}")))?;
     if fake_worker() {
         return Ok(WorkerCommand::fake_on(exe, device));
     }
     if let Some(why) = kopt::gpu::missing() {
-        return Err(why);
+        return Err(Error::Environment(why));
     }
     Ok(WorkerCommand::cuda(exe, device))
 }
@@ -71,16 +74,16 @@ fn fake_worker() -> bool {
 
 /// How many devices there are: `KOPT_FAKE_DEVICES` under the fake worker, else what the
 /// CUDA driver counts.
-pub fn device_count() -> Result<usize, String> {
+pub fn device_count() -> Result<usize> {
     if fake_worker() {
-        return kopt_engine::worker::fake::fake_device_count();
+        return kopt_engine::worker::fake::fake_device_count().map_err(Error::Environment);
     }
     if let Some(why) = kopt::gpu::missing() {
-        return Err(why);
+        return Err(Error::Environment(why));
     }
     kopt::cudarc::driver::CudaContext::device_count()
         .map(|n| n as usize)
-        .map_err(|e| format!("cannot count the GPUs: {e:?}"))
+        .map_err(|e| Error::Environment(format!("cannot count the GPUs: {e:?}")))
 }
 
 /// One engine per selected device (`None`: the one of `settings.device`, as without
@@ -89,10 +92,10 @@ pub fn pool(
     g: &Gathered,
     settings: &Settings,
     devices: Option<&DeviceSelection>,
-) -> Result<DevicePool, String> {
+) -> Result<DevicePool> {
     let ordinals = match devices {
         None => vec![settings.device],
-        Some(sel) => sel.resolve(device_count()?)?,
+        Some(sel) => sel.resolve(device_count()?).map_err(Error::Invalid)?,
     };
     let engines = ordinals
         .into_iter()
@@ -103,13 +106,13 @@ pub fn pool(
             };
             Ok((device, engine(g, &s)?))
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>>>()?;
     Ok(DevicePool::new(engines))
 }
 
 /// Every GPU with its ceilings (`cargo kopt devices`): measured again with `refresh`, else
 /// the cached ones.
-pub fn devices(g: &Gathered, refresh: bool) -> Result<Vec<(DeviceInfo, Ceilings)>, String> {
+pub fn devices(g: &Gathered, refresh: bool) -> Result<Vec<(DeviceInfo, Ceilings)>> {
     let settings = Settings::default();
     let mut list = Vec::new();
     for d in 0..device_count()? {
@@ -120,14 +123,14 @@ pub fn devices(g: &Gathered, refresh: bool) -> Result<Vec<(DeviceInfo, Ceilings)
                 ..settings.clone()
             },
         )?;
-        let info = engine.device().map_err(|e| e.to_string())?;
-        let c = engine.ceilings(refresh).map_err(|e| e.to_string())?;
+        let info = engine.device()?;
+        let c = engine.ceilings(refresh)?;
         list.push((info, c));
     }
     Ok(list)
 }
 
-pub fn engine(g: &Gathered, settings: &Settings) -> Result<Engine, String> {
+pub fn engine(g: &Gathered, settings: &Settings) -> Result<Engine> {
     let cmd = worker_command(settings.device)?;
     let cache = settings.use_cache.then(|| kopt_dir(g).join("cache/eval"));
     Ok(Engine::new(
@@ -252,13 +255,13 @@ pub struct Verified {
 
 /// The pool's devices, refused when they are not of one architecture (what is accepted,
 /// pending or verified is per architecture).
-pub fn one_architecture(pool: &mut DevicePool, why: &str) -> Result<Vec<DeviceInfo>, String> {
-    let devices = pool.devices().map_err(|e| e.to_string())?;
+pub fn one_architecture(pool: &mut DevicePool, why: &str) -> Result<Vec<DeviceInfo>> {
+    let devices = pool.devices()?;
     if let Some(other) = devices.iter().find(|d| d.arch != devices[0].arch) {
-        return Err(format!(
+        return Err(Error::Invalid(format!(
             "GPU {} is {} but GPU {} is {}: {why}; choose GPUs of one kind with `--devices` (e.g. `--devices {}`)",
             devices[0].ordinal, devices[0].arch, other.ordinal, other.arch, devices[0].ordinal
-        ));
+        )));
     }
     Ok(devices)
 }
@@ -273,7 +276,7 @@ pub fn verify(
     pool: &mut DevicePool,
     settings: &Settings,
     progress: &mut dyn FnMut(&str),
-) -> Result<Verified, String> {
+) -> Result<Verified> {
     let devices = one_architecture(pool, "a variant is verified on its own architecture")?;
     let arch = devices[0].arch.clone();
     let ceilings = pool
@@ -339,7 +342,7 @@ pub fn verify(
                 o.sanitizer_shapes = run.shapes.clone();
             }
             o.verdict = Some(verdict);
-            Ok::<_, String>(o)
+            Ok::<_, Error>(o)
         },
         progress,
     )?;
@@ -487,7 +490,7 @@ pub fn bench(
 
 /// The version to evaluate or profile: the reference, or the committed variant `variant`
 /// (which must be usable: intact and current).
-pub fn chosen_version(k: &Kernel, variant: Option<&str>) -> Result<KernelVersion, String> {
+pub fn chosen_version(k: &Kernel, variant: Option<&str>) -> Result<KernelVersion> {
     match variant {
         None | Some("reference") => Ok(KernelVersion::reference(&k.spec, &k.reference.text)),
         Some(v) => {
@@ -503,7 +506,7 @@ pub fn chosen_version(k: &Kernel, variant: Option<&str>) -> Result<KernelVersion
                         .iter()
                         .map(|e| e.entry.variant.as_str())
                         .collect();
-                    format!(
+                    Error::Invalid(format!(
                         "`{}` has no accepted variant `{v}` (accepted: {})",
                         k.spec.name,
                         if known.is_empty() {
@@ -511,16 +514,19 @@ pub fn chosen_version(k: &Kernel, variant: Option<&str>) -> Result<KernelVersion
                         } else {
                             known.join(", ")
                         }
-                    )
+                    ))
                 })?;
-            let u = e.status.as_ref().map_err(|why| why.describe())?;
+            let u = e
+                .status
+                .as_ref()
+                .map_err(|why| Error::Invalid(why.describe()))?;
             Ok(version(u))
         }
     }
 }
 
 /// A declared shape by index (`0`) or label (`cols=4096 rows=4096`).
-pub fn shape_index(k: &Kernel, shape: &str) -> Result<usize, String> {
+pub fn shape_index(k: &Kernel, shape: &str) -> Result<usize> {
     let labels: Vec<String> = k
         .spec
         .shapes
@@ -531,11 +537,11 @@ pub fn shape_index(k: &Kernel, shape: &str) -> Result<usize, String> {
         return if i < labels.len() {
             Ok(i)
         } else {
-            Err(format!(
+            Err(Error::Invalid(format!(
                 "`{}` has {} shape(s); index {i} is out of range",
                 k.spec.name,
                 labels.len()
-            ))
+            )))
         };
     }
     let wanted: std::collections::BTreeSet<&str> = shape.split_whitespace().collect();
@@ -547,7 +553,7 @@ pub fn shape_index(k: &Kernel, shape: &str) -> Result<usize, String> {
                 == wanted
         })
         .ok_or_else(|| {
-            format!(
+            Error::Invalid(format!(
                 "`{}` declares no shape `{shape}`; its shapes: {}",
                 k.spec.name,
                 labels
@@ -556,7 +562,7 @@ pub fn shape_index(k: &Kernel, shape: &str) -> Result<usize, String> {
                     .map(|(i, l)| format!("{i}: {l}"))
                     .collect::<Vec<_>>()
                     .join(", ")
-            )
+            ))
         })
 }
 
@@ -569,17 +575,19 @@ pub fn shape_job(
     candidate: KernelVersion,
     shape: usize,
     timed: bool,
-) -> Result<EvalJob, String> {
+) -> Result<EvalJob> {
     let label = k
         .spec
         .shapes
         .get(shape)
         .map(kopt_spec::spec::shape_label)
-        .ok_or(format!(
-            "`{}` has {} shapes",
-            k.spec.name,
-            k.spec.shapes.len()
-        ))?;
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "`{}` has {} shapes",
+                k.spec.name,
+                k.spec.shapes.len()
+            ))
+        })?;
     let settings = Settings {
         held_out_per_shape: 0,
         ..Settings::default()

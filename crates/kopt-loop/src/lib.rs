@@ -1,6 +1,7 @@
 //! The loop of `cargo kopt` over the evaluation engine: everything that judges a kernel
 //! version on a device, and what is made of the verdicts.
 //!
+//! - [`error`]: [`Error`], what any of it returns when it fails;
 //! - [`budget`]: the budgets of `optimize` as written on its command line;
 //! - [`eval`]: `verify` and `bench` through the engine (jobs, the worker to start, the
 //!   device pool);
@@ -16,9 +17,12 @@
 //! observer ([`search::SearchObserver`]), what it finds is returned as data.
 
 pub mod budget;
+pub mod error;
 pub mod eval;
 pub mod loop_record;
 pub mod optimize;
 pub mod profile;
 pub mod search;
 pub mod session;
+
+pub use error::{Error, Result};

@@ -38,6 +38,7 @@ use kopt_store::journal::{Entry, Event, Journal};
 use kopt_store::pending::{PendingMeta, PendingVariant};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
 use crate::optimize::{BaselineTimes, KernelResult, TimingNoise};
 
 /// The version of the loop's record files (`verdicts/`, `loop/`, `pending/`).
@@ -201,26 +202,33 @@ pub struct RunRecord {
 impl RunRecord {
     /// Reads the record of every kernel from `entries`, the artefacts from `dir` (the run's
     /// folder); a cited file that cannot be read is an error naming it.
-    pub fn read(entries: &[Entry], dir: &Path) -> Result<Self, String> {
-        fn load<T: serde::de::DeserializeOwned>(dir: &Path, rel: &str) -> Result<T, String> {
+    pub fn read(entries: &[Entry], dir: &Path) -> Result<Self> {
+        fn load<T: serde::de::DeserializeOwned>(dir: &Path, rel: &str) -> Result<T> {
             let path = dir.join(rel);
             let text = std::fs::read_to_string(&path).map_err(|e| {
-                format!(
+                let message = format!(
                     "{} cannot be read ({e}): the run folder was damaged; resume without the kernel's record by moving its events aside, or start a new run",
                     path.display()
-                )
+                );
+                Error::file(&path, message, e)
             })?;
-            let value: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| format!("{}: not a loop record ({e})", path.display()))?;
+            let not_a_record = |e: serde_json::Error| {
+                let message = format!("{}: not a loop record ({e})", path.display());
+                Error::file(&path, message, e)
+            };
+            let value: serde_json::Value = serde_json::from_str(&text).map_err(not_a_record)?;
             let format = value["format"].as_u64().unwrap_or(0);
             if format != u64::from(FORMAT) {
-                return Err(format!(
-                    "{}: format {format} (this kopt reads {FORMAT}): resume with the kopt that started the run",
-                    path.display()
-                ));
+                return Err(Error::File {
+                    message: format!(
+                        "{}: format {format} (this kopt reads {FORMAT}): resume with the kopt that started the run",
+                        path.display()
+                    ),
+                    path,
+                    source: None,
+                });
             }
-            serde_json::from_value(value)
-                .map_err(|e| format!("{}: not a loop record ({e})", path.display()))
+            serde_json::from_value(value).map_err(not_a_record)
         }
         let cited = |artefacts: &[String], folder: &str| -> Option<String> {
             artefacts
@@ -265,7 +273,8 @@ impl RunRecord {
                 } => {
                     let result: KernelResult =
                         serde_json::from_value(result.clone()).map_err(|e| {
-                            format!("the journal's result of `{kernel}` cannot be read ({e}): resume with the kopt that started the run")
+                            let message = format!("the journal's result of `{kernel}` cannot be read ({e}): resume with the kopt that started the run");
+                            Error::file(dir.join(kopt_store::journal::JOURNAL_FILE), message, e)
                         })?;
                     let pending = match cited(artefacts, "pending") {
                         Some(rel) => Some(load::<PendingRecord>(dir, &rel)?),

@@ -26,6 +26,7 @@ use kopt_store::pending::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
 use crate::eval::{self, Settings};
 use crate::loop_record::{
     self, Counts, PendingRecord, RecordedStart, RecordedVerdicts, RunRecord, StartRecord,
@@ -191,7 +192,7 @@ impl AgentConfig {
     /// `kopt.toml`, `[agent]`; then `KOPT_OPENAI_BASE_URL`, `KOPT_ANTHROPIC_BASE_URL`,
     /// `KOPT_OPENAI_KEY_ENV` and `KOPT_ANTHROPIC_KEY_ENV`. A layer with a key kopt does not
     /// know, or a value of the wrong type, is an error naming its file and table.
-    pub fn load(g: &Gathered) -> Result<Self, String> {
+    pub fn load(g: &Gathered) -> Result<Self> {
         let user = std::env::var_os("XDG_CONFIG_HOME")
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
@@ -208,8 +209,10 @@ impl AgentConfig {
             let Ok(text) = std::fs::read_to_string(&path) else {
                 continue;
             };
-            let table: toml::Table =
-                toml_parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let table: toml::Table = toml::from_str(&text).map_err(|e| {
+                let message = format!("{}: {e}", path.display());
+                Error::file(&path, message, e)
+            })?;
             let mut at = Some(&table);
             for key in table_path {
                 at = at.and_then(|t| t.get(*key)).and_then(toml::Value::as_table);
@@ -219,20 +222,24 @@ impl AgentConfig {
             toml::Value::Table(agent.clone())
                 .try_into::<AgentConfig>()
                 .map_err(|e| {
-                    format!(
+                    let message = format!(
                         "{}, [{}]: {}",
                         path.display(),
                         table_path.join("."),
                         e.to_string().trim_end()
-                    )
+                    );
+                    Error::file(&path, message, e)
                 })?;
             for (k, v) in agent {
                 merged.insert(k.clone(), v.clone());
             }
         }
-        let mut c: AgentConfig = toml::Value::Table(merged)
-            .try_into()
-            .map_err(|e: toml::de::Error| format!("the [agent] configuration: {e}"))?;
+        let mut c: AgentConfig =
+            toml::Value::Table(merged)
+                .try_into()
+                .map_err(|e: toml::de::Error| {
+                    Error::Invalid(format!("the [agent] configuration: {e}"))
+                })?;
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         if let Some(v) = env("KOPT_OPENAI_BASE_URL") {
             c.openai_base_url = v;
@@ -250,22 +257,18 @@ impl AgentConfig {
     }
 }
 
-fn toml_parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
-    toml::from_str(text).map_err(|e| e.to_string())
-}
-
 /// A backend from its spelling: `heuristic`, `openai:MODEL`, `anthropic:MODEL`,
 /// `cmd:PATH`, `replay:PATH`.
-pub fn backend(spec: &str, cfg: &AgentConfig, entry: &str) -> Result<Box<dyn Backend>, String> {
+pub fn backend(spec: &str, cfg: &AgentConfig, entry: &str) -> Result<Box<dyn Backend>> {
     let timeout = Duration::from_secs(cfg.timeout_s);
     let (kind, arg) = spec.split_once(':').unwrap_or((spec, ""));
     match (kind, arg) {
         ("openai", m) if !m.is_empty() => Ok(Box::new(OpenAi::new(Endpoint::from_env(&cfg.openai_base_url, m, &cfg.openai_key_env, timeout)))),
         ("anthropic", m) if !m.is_empty() => Ok(Box::new(Anthropic::new(Endpoint::from_env(&cfg.anthropic_base_url, m, &cfg.anthropic_key_env, timeout)))),
         ("cmd", p) if !p.is_empty() => Ok(Box::new(External { program: PathBuf::from(p), timeout })),
-        ("replay", p) if !p.is_empty() => Ok(Box::new(Replay::open(std::path::Path::new(p)).map_err(|e| e.to_string())?)),
+        ("replay", p) if !p.is_empty() => Ok(Box::new(Replay::open(std::path::Path::new(p)).map_err(|e| Error::file(p, e.to_string(), e))?)),
         ("heuristic", "") => Ok(Box::new(kopt_agent::heuristic::Heuristic::new(entry))),
-        _ => Err(format!("`{spec}` is not an agent: write heuristic, openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH")),
+        _ => Err(Error::Invalid(format!("`{spec}` is not an agent: write heuristic, openai:MODEL, anthropic:MODEL, cmd:PATH or replay:PATH"))),
     }
 }
 
@@ -392,7 +395,7 @@ fn resume_record(
     config: &serde_json::Value,
     run_id: &str,
     progress: &mut dyn FnMut(&str),
-) -> Result<RunRecord, String> {
+) -> Result<RunRecord> {
     let recorded = resumed
         .entries
         .iter()
@@ -401,19 +404,19 @@ fn resume_record(
             _ => None,
         })
         .ok_or_else(|| {
-            format!("run `{run_id}` has no `run_started` event: it is not a run that can be resumed; start a new run")
+            Error::Invalid(format!("run `{run_id}` has no `run_started` event: it is not a run that can be resumed; start a new run"))
         })?;
     if recorded.get("agent").is_none() {
-        return Err(format!(
+        return Err(Error::Invalid(format!(
             "run `{run_id}` is not an optimisation run: resume it with the command that started it"
-        ));
+        )));
     }
     let diff = loop_record::config_differences(recorded, config);
     if !diff.is_empty() {
-        return Err(format!(
+        return Err(Error::Invalid(format!(
             "run `{run_id}` cannot be resumed by this command: {}. Resume with the run's kernels, agent, reviewer, hint, gain thresholds, --from-reference, --context-tokens and --no-sanitize (budgets may change), or start a new run",
             diff.join("; ")
-        ));
+        )));
     }
     if let Some(t) = &resumed.torn {
         progress(&format!(
@@ -455,32 +458,25 @@ fn without_run_cases(
 /// `opts.devices`, the devices in parallel (see `kopt_engine::pool`). A run whose journal
 /// exists (`--resume`, or `--run` with its id) goes on from its record
 /// ([`crate::loop_record`]).
-pub fn optimize(
-    g: &Gathered,
-    opts: &Options,
-    progress: &mut dyn FnMut(&str),
-) -> Result<RunResult, String> {
+pub fn optimize(g: &Gathered, opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<RunResult> {
     let cfg = AgentConfig::load(g)?;
     let kopt = KoptDir::new(&g.target_dir);
     let run_id = opts.run_id.clone().unwrap_or_else(now_id);
     let exists = journal_exists(&kopt, &run_id);
     if opts.resume && !exists {
-        return Err(format!(
+        return Err(Error::Invalid(format!(
             "run `{run_id}` has no journal in {}: `--resume` goes on with a run that was started (they are in {}); start one with `--run {run_id}`",
             kopt.run_dir(&run_id).display(),
             kopt.runs_root().display()
-        ));
+        )));
     }
-    let (mut journal, resumed) =
-        Journal::open_or_resume(&kopt, &run_id).map_err(|e| e.to_string())?;
+    let (mut journal, resumed) = Journal::open_or_resume(&kopt, &run_id)?;
     let config = run_config(opts);
     let record = if resumed.entries.is_empty() {
-        journal
-            .append(Event::RunStarted {
-                config,
-                budget: serde_json::to_value(&opts.budget).expect("serialises"),
-            })
-            .map_err(|e| e.to_string())?;
+        journal.append(Event::RunStarted {
+            config,
+            budget: serde_json::to_value(&opts.budget).expect("serialises"),
+        })?;
         None
     } else {
         Some(resume_record(
@@ -530,12 +526,10 @@ pub fn optimize(
             kernels.len()
         );
         progress(&format!("run `{run_id}` {detail}"));
-        journal
-            .append(Event::Resumed {
-                kernel: None,
-                detail,
-            })
-            .map_err(|e| e.to_string())?;
+        journal.append(Event::Resumed {
+            kernel: None,
+            detail,
+        })?;
     }
     let shared = RunShared {
         g,
@@ -619,13 +613,19 @@ impl RunShared<'_> {
         &self,
         live: Box<dyn Backend>,
         path: &std::path::Path,
-    ) -> Result<(Box<dyn Backend>, Option<ResumeLog>), String> {
+    ) -> Result<(Box<dyn Backend>, Option<ResumeLog>)> {
         if self.record.is_some() {
-            let r = Resume::open(path, live, self.redactor.clone())?;
+            let r =
+                Resume::open(path, live, self.redactor.clone()).map_err(|message| Error::File {
+                    path: path.to_path_buf(),
+                    message,
+                    source: None,
+                })?;
             let log = r.log();
             Ok((Box::new(r), Some(log)))
         } else {
-            let r = Recorder::new(live, path, self.redactor.clone()).map_err(|e| e.to_string())?;
+            let r = Recorder::new(live, path, self.redactor.clone())
+                .map_err(|e| Error::file(path, e.to_string(), e))?;
             Ok((Box::new(r), None))
         }
     }
@@ -653,12 +653,11 @@ fn finished_before(
     (result, pending): (&KernelResult, Option<&PendingRecord>),
     pending_saved: bool,
     progress: &dyn Fn(&str),
-) -> Result<KernelResult, String> {
+) -> Result<KernelResult> {
     let mut result = result.clone();
     if let (Some(p), false) = (pending, pending_saved) {
         run.journal()
-            .save_pending(&run.kopt, &p.clone().into_pending())
-            .map_err(|e| e.to_string())?;
+            .save_pending(&run.kopt, &p.clone().into_pending())?;
         progress(&format!(
             "{name}: its winner is saved for review now (the run stopped before it was)"
         ));
@@ -738,7 +737,7 @@ fn journal_verdict(
 /// The loop for one kernel, on the device of `slot`. Everything it does reaches the run's
 /// journal as it happens (shared with the other devices' kernels under a lock; each event
 /// names its kernel).
-fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<KernelResult, String> {
+fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<KernelResult> {
     let (g, opts, cfg) = (run.g, run.opts, &run.cfg);
     let progress = slot.progress;
     let slot_ordinal = slot.ordinal;
@@ -760,7 +759,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             );
         }
     }
-    let device = engine.device().map_err(|e| e.to_string())?;
+    let device = engine.device()?;
     let identity = device.identity();
     if let Some(which) = run.run_budget.exhausted() {
         // A kernel the run's budget leaves no room for does not start.
@@ -1305,7 +1304,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             Ok(p) => pending = Some(p),
             Err(e) => {
                 progress(&format!("{name}: the winner is not recorded: {e}"));
-                result.pending_refused = Some(e);
+                result.pending_refused = Some(e.to_string());
             }
         }
     }
@@ -1316,27 +1315,20 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
     let artefacts = match &pending {
         Some(p) => {
             let rel = loop_record::unused_artefact(&journal, Some("pending"), &name, "json");
-            vec![journal
-                .save_artefact(
-                    &rel,
-                    &serde_json::to_string(&PendingRecord::of(p))
-                        .expect("pending variants serialise"),
-                )
-                .map_err(|e| e.to_string())?]
+            vec![journal.save_artefact(
+                &rel,
+                &serde_json::to_string(&PendingRecord::of(p)).expect("pending variants serialise"),
+            )?]
         }
         None => vec![],
     };
-    journal
-        .append(Event::KernelFinished {
-            kernel: name.clone(),
-            result: serde_json::to_value(&result).expect("results serialise"),
-            artefacts,
-        })
-        .map_err(|e| e.to_string())?;
+    journal.append(Event::KernelFinished {
+        kernel: name.clone(),
+        result: serde_json::to_value(&result).expect("results serialise"),
+        artefacts,
+    })?;
     if let Some(p) = &pending {
-        journal
-            .save_pending(&run.kopt, p)
-            .map_err(|e| e.to_string())?;
+        journal.save_pending(&run.kopt, p)?;
     }
     Ok(result)
 }
@@ -1615,7 +1607,7 @@ fn sanitizer_sentence(verdict: &Verdict) -> String {
     }
 }
 
-pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
+pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
     let Winner {
         k,
         arch,
@@ -1768,7 +1760,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
         session: Some(session_rel.clone()),
         budget: Some(w.budget.clone()),
     };
-    let rationale = evidence::build(&e).map_err(|e| e.to_string())?;
+    let rationale = evidence::build(&e).map_err(Error::Refused)?;
     let variant = VariantFile {
         format: files::FORMAT,
         kernel: k.spec.name.clone(),
@@ -1831,7 +1823,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant, String> {
         variant,
         rationale,
     };
-    p.validate().map_err(|e| e.to_string())?;
+    p.validate().map_err(Error::Refused)?;
     Ok(p)
 }
 
@@ -2137,7 +2129,7 @@ mod tests {
         assert_eq!(c.timeout_s, 9, "Cargo.toml over the user");
         assert_eq!(c.anthropic_key_env, "MY_ANTHROPIC");
         std::fs::write(ws.join("kopt.toml"), "[agent]\ntimeout_s = \"soon\"\n").unwrap();
-        let e = AgentConfig::load(&g).unwrap_err();
+        let e = AgentConfig::load(&g).unwrap_err().to_string();
         assert!(
             e.contains("kopt.toml, [agent]: ") && e.contains("timeout_s"),
             "{e}"
@@ -2148,7 +2140,7 @@ mod tests {
             "[workspace.metadata.kopt.agent]\nopenai_base_ur = \"http://typo/v1\"\n",
         )
         .unwrap();
-        let e = AgentConfig::load(&g).unwrap_err();
+        let e = AgentConfig::load(&g).unwrap_err().to_string();
         assert!(
             e.contains("Cargo.toml, [workspace.metadata.kopt.agent]: ")
                 && e.contains("unknown field `openai_base_ur`")

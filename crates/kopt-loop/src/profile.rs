@@ -21,6 +21,7 @@ use kopt_store::journal::{Event, Journal};
 use kopt_store::KoptDir;
 use serde::Serialize;
 
+use crate::error::{Error, Result};
 use crate::eval::{self, Settings};
 use kopt_workspace::commands;
 use kopt_workspace::gather::Gathered;
@@ -67,8 +68,8 @@ pub fn profile(
     g: &Gathered,
     o: &Options,
     progress: &mut dyn FnMut(&str),
-) -> Result<ProfileOutcome, String> {
-    let k = commands::find(g, &o.kernel).map_err(|e| e.to_string())?;
+) -> Result<ProfileOutcome> {
+    let k = commands::find(g, &o.kernel)?;
     let version = eval::chosen_version(k, o.variant.as_deref())?;
     let shape = match &o.shape {
         Some(s) => eval::shape_index(k, s)?,
@@ -79,21 +80,19 @@ pub fn profile(
 
     let kopt = KoptDir::new(&g.target_dir);
     let run_id = kopt_store::layout::new_run_id();
-    let (mut journal, _) = Journal::open_or_resume(&kopt, &run_id).map_err(|e| e.to_string())?;
+    let (mut journal, _) = Journal::open_or_resume(&kopt, &run_id)?;
     let dir = journal.dir().join("profile").join(&k.spec.name);
-    journal
-        .append(Event::RunStarted {
-            config: serde_json::json!({
-                "command": "profile",
-                "package": k.package,
-                "kernel": k.spec.name,
-                "version": check_job.candidate.id,
-                "shape": check_job.shapes.first().map(|s| s.label.clone()),
-                "device": o.device,
-            }),
-            budget: serde_json::Value::Null,
-        })
-        .map_err(|e| e.to_string())?;
+    journal.append(Event::RunStarted {
+        config: serde_json::json!({
+            "command": "profile",
+            "package": k.package,
+            "kernel": k.spec.name,
+            "version": check_job.candidate.id,
+            "shape": check_job.shapes.first().map(|s| s.label.clone()),
+            "device": o.device,
+        }),
+        budget: serde_json::Value::Null,
+    })?;
 
     let settings = Settings {
         device: o.device,
@@ -114,7 +113,7 @@ pub fn profile(
                 worker_args: cmd.args.clone(),
             }
         }
-        (Err(why), _) => Gpu::Missing(why.clone()),
+        (Err(why), _) => Gpu::Missing(why.to_string()),
         (Ok(_), None) => Gpu::Missing("the engine could not be set up".into()),
     };
     let collected = collect::run(
@@ -128,7 +127,12 @@ pub fn profile(
             arch: o.arch.clone(),
         },
         progress,
-    )?;
+    )
+    .map_err(|message| Error::File {
+        path: dir.clone(),
+        message,
+        source: None,
+    })?;
     let mut snap = snapshot::build(collected);
 
     // Confidence from past cases, where a library exists.
@@ -159,8 +163,10 @@ pub fn profile(
     let text = snap.render(usize::MAX) + "\n";
     for (name, body) in [("snapshot.json", &json), ("snapshot.txt", &text)] {
         let p = dir.join(name);
-        kopt_spec::files::write_atomic(&p, body.as_bytes())
-            .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        kopt_spec::files::write_atomic(&p, body.as_bytes()).map_err(|e| {
+            let message = format!("cannot write {}: {e}", p.display());
+            Error::file(&p, message, e)
+        })?;
     }
     let mut artefacts: Vec<String> = snap
         .collectors
@@ -185,8 +191,7 @@ pub fn profile(
             summary: summary.clone(),
             artefacts,
         })
-        .and_then(|_| journal.append(Event::RunFinished { summary }))
-        .map_err(|e| e.to_string())?;
+        .and_then(|_| journal.append(Event::RunFinished { summary }))?;
     Ok(ProfileOutcome {
         run_id,
         dir,

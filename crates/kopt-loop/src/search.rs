@@ -41,6 +41,7 @@ use kopt_spec::shapes::{held_out_byte_cap, held_out_shapes_for};
 use kopt_store::KoptDir;
 use serde::Serialize;
 
+use crate::error::{Error, Result};
 use crate::eval::{self, kopt_dir};
 use kopt_workspace::gather::{Gathered, Kernel};
 
@@ -146,7 +147,7 @@ impl NvrtcCompiler {
     /// worker loads it without the driver's PTX JIT), or the fake device's pseudo-PTX:
     /// the compile fence on the CPU ([`kopt_engine::precompile`]), so that a point that
     /// does not compile, or whose module lacks the entry, never reaches the worker.
-    pub fn compile_version(&self, v: &KernelVersion) -> Result<CompiledCode, String> {
+    pub fn compile_version(&self, v: &KernelVersion) -> Result<CompiledCode> {
         let arch = kopt_spec::files::arch_name(self.cc.0 as u32, self.cc.1 as u32);
         kopt_engine::precompile::precompile(&self.kernel, v, &arch, self.fake)
             .map(|p| CompiledCode {
@@ -154,7 +155,7 @@ impl NvrtcCompiler {
                 cubin: p.cubin,
                 symbol: p.symbol,
             })
-            .map_err(|why| why.message().to_string())
+            .map_err(|why| Error::Kernel(why.message().to_string()))
     }
 }
 
@@ -205,7 +206,7 @@ impl Compiler for NvrtcCompiler {
                 }
             }
             Err(log) => Compiled::Failed {
-                log,
+                log: log.to_string(),
                 seconds: t.elapsed().as_secs_f64(),
             },
         }
@@ -236,8 +237,8 @@ impl<'a> EngineEvaluator<'a> {
         k: &'a Kernel,
         mut engine: Engine,
         settings: eval::Settings,
-    ) -> Result<Self, String> {
-        let device = engine.device().map_err(|e| e.to_string())?;
+    ) -> Result<Self> {
+        let device = engine.device()?;
         let ceilings = engine.ceilings(false).ok();
         let fake = engine.worker.command().is_fake();
         let template = KernelVersion::reference(&k.spec, &k.reference.text);
@@ -256,11 +257,15 @@ impl<'a> EngineEvaluator<'a> {
         compiler
             .compile_version(&reference)
             .map_err(|log| {
-                format!(
+                Error::Kernel(format!(
                     "the reference of `{}` does not compile: {}",
                     k.spec.name,
-                    log.lines().take(6).collect::<Vec<_>>().join("\n")
-                )
+                    log.to_string()
+                        .lines()
+                        .take(6)
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                ))
             })?
             .attach(&mut reference);
         let mut judge = Judge::new(ceilings);
@@ -365,7 +370,7 @@ impl<'a> EngineEvaluator<'a> {
             held_out_byte_cap(spec),
         ));
         if let Err(log) = compiled {
-            return (Verdict::compile_rejected(&log), job);
+            return (Verdict::compile_rejected(&log.to_string()), job);
         }
         let ev = self.engine.evaluate(&job, progress);
         let mut verdict = self.judge.judge(&ev.report);
@@ -566,24 +571,27 @@ pub fn hints_from_snapshot(
 }
 
 /// `--hints FILE`: a profiler's `snapshot.json` of this kernel, or `SnapshotHints` JSON.
-fn read_hints(path: &Path, kernel: &str, multiprocessors: u32) -> Result<SnapshotHints, String> {
+fn read_hints(path: &Path, kernel: &str, multiprocessors: u32) -> Result<SnapshotHints> {
     let value: serde_json::Value = read_json(path, "snapshot hints")?;
     if value.get("collectors").is_none() {
         return serde_json::from_value(value).map_err(|e| {
-            format!(
+            let message = format!(
                 "{}: neither a profiler's snapshot.json (`cargo kopt profile`) nor snapshot hints ({e})",
                 path.display()
-            )
+            );
+            Error::file(path, message, e)
         });
     }
-    let snap: kopt_profile::snapshot::Snapshot = serde_json::from_value(value)
-        .map_err(|e| format!("{}: not a readable snapshot.json ({e})", path.display()))?;
+    let snap: kopt_profile::snapshot::Snapshot = serde_json::from_value(value).map_err(|e| {
+        let message = format!("{}: not a readable snapshot.json ({e})", path.display());
+        Error::file(path, message, e)
+    })?;
     if snap.kernel != kernel {
-        return Err(format!(
+        return Err(Error::Invalid(format!(
             "{} is a snapshot of `{}`, not of `{kernel}`: profile this kernel with `cargo kopt profile {kernel}`",
             path.display(),
             snap.kernel
-        ));
+        )));
     }
     Ok(hints_from_snapshot(&snap, multiprocessors))
 }
@@ -789,10 +797,15 @@ impl Observer for Watch<'_> {
     }
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: not {what} ({e})", path.display()))
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let message = format!("cannot read {what} {}: {e}", path.display());
+        Error::file(path, message, e)
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        let message = format!("{}: not {what} ({e})", path.display());
+        Error::file(path, message, e)
+    })
 }
 
 /// Builds the evaluator, the space and (seeded) the guide.
@@ -803,7 +816,7 @@ fn setup<'a>(
     step_timeout: u64,
     options: &OptionAxes,
     base: Option<&KernelVersion>,
-) -> Result<(EngineEvaluator<'a>, Space), String> {
+) -> Result<(EngineEvaluator<'a>, Space)> {
     let mut engine = eval::engine(g, eval_settings)?;
     engine.worker.step_timeout = std::time::Duration::from_secs(step_timeout);
     let mut ev = EngineEvaluator::new(g, k, engine, eval_settings.clone())?;
@@ -815,7 +828,7 @@ fn setup<'a>(
         None => k.spec.clone(),
     };
     let space = Space::build(&spec, &Limits::from_device(&ev.device), options)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Error::Kernel(e.to_string()))?;
     Ok((ev, space))
 }
 
@@ -824,7 +837,7 @@ fn measure_reference(
     ev: &mut EngineEvaluator<'_>,
     space: &Space,
     progress: &mut dyn FnMut(&str),
-) -> Result<PointOutcome, String> {
+) -> Result<PointOutcome> {
     let p = match space.default_point() {
         Some(id) => PointSpec::of(space, id),
         None => PointSpec {
@@ -842,12 +855,12 @@ fn measure_reference(
         }
     }
     if o.cost.is_none() {
-        return Err(format!(
+        return Err(Error::Kernel(format!(
             "the reference of `{}` does not pass its own evaluation ({}: {}): fix the kernel or its annotation first (`cargo kopt verify` shows the details)",
             ev.k.spec.name,
             o.failure.as_deref().unwrap_or("?"),
             o.detail.lines().next().unwrap_or("")
-        ));
+        )));
     }
     Ok(o)
 }
@@ -857,13 +870,13 @@ fn guide_for(
     spec: &kopt_spec::KernelSpec,
     hints: Option<&SnapshotHints>,
     matrix: Option<ParameterMatrix>,
-) -> Result<Option<Guide>, String> {
+) -> Result<Option<Guide>> {
     let m = match (matrix, hints) {
         (Some(m), _) => m,
         (None, Some(h)) => seed::heuristic(space, spec, h),
         (None, None) => return Ok(None),
     };
-    Guide::new(space, m).map(Some)
+    Guide::new(space, m).map(Some).map_err(Error::Search)
 }
 
 fn evaluation_json(settings: &eval::Settings, spec: &kopt_spec::KernelSpec) -> serde_json::Value {
@@ -880,7 +893,7 @@ pub fn search(
     k: &Kernel,
     o: &SearchOptions,
     progress: &mut dyn SearchObserver,
-) -> Result<SearchReport, String> {
+) -> Result<SearchReport> {
     let mut eval_settings = o.eval.clone();
     eval_settings.timing = search_timing();
     eval_settings.held_out_per_shape = 0;
@@ -900,7 +913,7 @@ pub fn search(
     let seeded = o.seeded || o.matrix.is_some() || o.hints.is_some();
     // The seed: recorded in the journal, so that a resumed run reuses it.
     let recorded = match &o.resume {
-        Some(id) => Some(journal::read_header(&kopt, id)?),
+        Some(id) => Some(journal::read_header(&kopt, id).map_err(Error::Search)?),
         None => None,
     };
     let (hints, matrix) = match &recorded {
@@ -925,7 +938,7 @@ pub fn search(
         None => (None, None),
     };
     let guide = match &matrix {
-        Some(m) => Some(Guide::new(&space, m.clone())?),
+        Some(m) => Some(Guide::new(&space, m.clone()).map_err(Error::Search)?),
         None => None,
     };
     let header = Header {
@@ -952,9 +965,9 @@ pub fn search(
         target_cost: None,
     };
     let (mut j, prior) = match &o.resume {
-        Some(id) => SearchJournal::resume(&kopt, id, &header, &space)?,
+        Some(id) => SearchJournal::resume(&kopt, id, &header, &space).map_err(Error::Search)?,
         None => (
-            SearchJournal::create(&kopt, &run_id, &header, &budget)?,
+            SearchJournal::create(&kopt, &run_id, &header, &budget).map_err(Error::Search)?,
             Prior::default(),
         ),
     };
@@ -997,9 +1010,9 @@ pub fn search(
     };
     if let Some(e) = j.error.take() {
         progress.finished();
-        return Err(e);
+        return Err(Error::Search(e));
     }
-    j.finish(&summary)?;
+    j.finish(&summary).map_err(Error::Search)?;
     // Full verification of the best point and of each shape's best.
     let mut per_shape = best_per_shape(&summary);
     let mut best_verified = None;
@@ -1099,7 +1112,7 @@ fn save_winner(
     ev: &mut EngineEvaluator<'_>,
     space: &Space,
     w: WinnerFound<'_>,
-) -> Result<Option<Saved>, String> {
+) -> Result<Option<Saved>> {
     use kopt_agent::proposal::{Diagnosis, Proposal, ProposedChange};
     if !w.verdict.accepted {
         return Ok(None);
@@ -1218,7 +1231,7 @@ fn save_winner(
         rules: None,
     })?;
     let kopt = KoptDir::new(&g.target_dir);
-    kopt_store::pending::save(&kopt, &pending).map_err(|e| e.to_string())?;
+    kopt_store::pending::save(&kopt, &pending)?;
     Ok(Some(Saved {
         label: pending.label(),
         version,
@@ -1368,7 +1381,7 @@ pub fn search_bench(
     k: &Kernel,
     o: &BenchOptions,
     progress: &mut dyn SearchObserver,
-) -> Result<BenchReport, String> {
+) -> Result<BenchReport> {
     let mut eval_settings = o.eval.clone();
     eval_settings.timing = search_timing();
     eval_settings.held_out_per_shape = 0;
@@ -1379,7 +1392,8 @@ pub fn search_bench(
     progress.message("measuring the reference for the seed");
     let reference = measure_reference(&mut ev, &space, &mut |m| progress.message(m))?;
     let hints = hints_from_reference(&reference);
-    let guide = Guide::new(&space, seed::heuristic(&space, &k.spec, &hints))?;
+    let guide =
+        Guide::new(&space, seed::heuristic(&space, &k.spec, &hints)).map_err(Error::Search)?;
     let mut settings = Settings::default();
     if let Some(t) = o.threads {
         settings.compile_threads = t.max(1);
@@ -1425,7 +1439,9 @@ pub fn search_bench(
     let interesting = || Interesting::new(goals.clone(), baseline.clone(), 8);
     let rows = if o.live {
         let Some(best) = landscape.best_cost else {
-            return Err("no point passed in the exhaustive run".into());
+            return Err(Error::Kernel(
+                "no point passed in the exhaustive run".into(),
+            ));
         };
         let mut rows = Vec::new();
         for &kind in &o.strategies {

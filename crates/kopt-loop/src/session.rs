@@ -255,7 +255,8 @@ impl Session {
 
     fn engine(&mut self) -> Result<&mut Engine, ToolError> {
         if self.engine.is_none() {
-            let mut e = eval::engine(&self.g, &self.cfg.settings).map_err(internal)?;
+            let mut e =
+                eval::engine(&self.g, &self.cfg.settings).map_err(|e| internal(e.to_string()))?;
             e.worker.step_timeout = std::time::Duration::from_secs(self.cfg.step_timeout);
             self.engine = Some(e);
         }
@@ -546,7 +547,8 @@ impl Session {
             ncu: self.cfg.ncu.clone(),
             ..Default::default()
         };
-        let out = crate::profile::profile(&self.g, &o, &mut |_| {}).map_err(invalid)?;
+        let out = crate::profile::profile(&self.g, &o, &mut |_| {})
+            .map_err(|e| invalid(e.to_string()))?;
         let _ = self.journal.append(Event::Profile {
             kernel: a.kernel.clone(),
             candidate: a.variant.clone(),
@@ -712,7 +714,7 @@ impl Session {
                 baseline: self.kernels.get(&a.kernel).and_then(|s| s.baseline.clone()),
                 rules: Some(&rules),
             })
-            .map_err(internal)?;
+            .map_err(|e| internal(e.to_string()))?;
             let kopt = KoptDir::new(&self.g.target_dir);
             self.journal
                 .save_pending(&kopt, &p)
@@ -827,7 +829,8 @@ impl Session {
             e.worker.shutdown();
         }
         let k = self.kernel(&a.kernel)?;
-        let r = search::search(&self.g, k, &o, &mut search::Unobserved).map_err(internal)?;
+        let r = search::search(&self.g, k, &o, &mut search::Unobserved)
+            .map_err(|e| internal(e.to_string()))?;
         self.search_evals += r.evaluations;
         let mut became = None;
         if let (Some(saved), Some(verdict)) = (&r.saved, &r.best_verified) {

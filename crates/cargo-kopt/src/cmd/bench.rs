@@ -23,7 +23,7 @@ pub fn run(a: BenchArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode,
     check_names(&gathered, &a.kernels)?;
     partition::select(&mut gathered, a.partition.partition.as_ref());
     let settings = a.eval.settings();
-    let mut engine = eval::engine(&gathered, &settings)?;
+    let mut engine = eval::engine(&gathered, &settings).map_err(|e| e.to_string())?;
     engine.worker.step_timeout = std::time::Duration::from_secs(a.eval.step_timeout);
     let bar = progress_bar(json);
     let file = eval::bench(&gathered, &a.kernels, &mut engine, &settings, &mut |m| {

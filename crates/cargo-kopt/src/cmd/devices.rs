@@ -18,7 +18,7 @@ pub struct DevicesArgs {
 
 pub fn run(a: DevicesArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
     let DevicesArgs { refresh } = a;
-    let list = eval::devices(&gathered, refresh)?;
+    let list = eval::devices(&gathered, refresh).map_err(|e| e.to_string())?;
     if json {
         print_json(
             &list

@@ -27,8 +27,8 @@ pub fn run(a: JobArgs, gathered: Gathered) -> Result<ExitCode, String> {
         variant,
     } = a;
     let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
-    let candidate = eval::chosen_version(k, variant.as_deref())?;
-    let shape = eval::shape_index(k, &shape)?;
-    print_json(&eval::shape_job(&gathered, k, candidate, shape, false)?);
+    let candidate = eval::chosen_version(k, variant.as_deref()).map_err(|e| e.to_string())?;
+    let shape = eval::shape_index(k, &shape).map_err(|e| e.to_string())?;
+    print_json(&eval::shape_job(&gathered, k, candidate, shape, false).map_err(|e| e.to_string())?);
     Ok(ExitCode::SUCCESS)
 }

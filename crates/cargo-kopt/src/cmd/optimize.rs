@@ -98,7 +98,8 @@ pub fn run(a: OptimizeArgs, mut gathered: Gathered, json: bool) -> Result<ExitCo
         run_limits: budget::parse_run_budget(a.run_budget.as_deref()).map_err(|e| e.to_string())?,
     };
     let bar = progress_bar(json);
-    let r = kopt_loop::optimize::optimize(&gathered, &opts, &mut |m| bar.say(m))?;
+    let r = kopt_loop::optimize::optimize(&gathered, &opts, &mut |m| bar.say(m))
+        .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     if json {
         print_json(&r);

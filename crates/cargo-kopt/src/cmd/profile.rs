@@ -65,7 +65,7 @@ pub fn run(a: ProfileArgs, gathered: Gathered, json: bool) -> Result<ExitCode, S
     let bar = progress_bar(json);
     let outcome = kopt_loop::profile::profile(&gathered, &options, &mut |m| bar.say(m));
     bar.finish_and_clear();
-    let outcome = outcome?;
+    let outcome = outcome.map_err(|e| e.to_string())?;
     if json {
         print_json(&outcome);
     } else {

@@ -112,7 +112,8 @@ pub fn run(a: SearchArgs, gathered: Gathered, json: bool) -> Result<ExitCode, St
             min_gain: 0.03,
         }),
     };
-    let report = search::search(&gathered, k, &o, &mut SearchBar::new(json))?;
+    let report =
+        search::search(&gathered, k, &o, &mut SearchBar::new(json)).map_err(|e| e.to_string())?;
     if json {
         print_json(&report);
     } else {
@@ -145,7 +146,8 @@ pub fn run_bench(a: SearchBenchArgs, gathered: Gathered, json: bool) -> Result<E
         eval: a.eval.settings(),
         step_timeout: a.eval.step_timeout,
     };
-    let report = search::search_bench(&gathered, k, &o, &mut SearchBar::new(json))?;
+    let report = search::search_bench(&gathered, k, &o, &mut SearchBar::new(json))
+        .map_err(|e| e.to_string())?;
     if let Some(path) = a.json_out {
         std::fs::write(
             &path,

@@ -32,14 +32,16 @@ pub fn run(a: VerifyArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode
     partition::select(&mut gathered, a.partition.partition.as_ref());
     let mut settings = a.eval.settings();
     settings.sanitize = !a.no_sanitize;
-    let mut pool = eval::pool(&gathered, &settings, a.devices.as_ref())?;
+    let mut pool =
+        eval::pool(&gathered, &settings, a.devices.as_ref()).map_err(|e| e.to_string())?;
     for (_, engine) in pool.engines_mut() {
         engine.worker.step_timeout = std::time::Duration::from_secs(a.eval.step_timeout);
     }
     let bar = progress_bar(json);
     let verified = eval::verify(&gathered, &a.kernels, &mut pool, &settings, &mut |m| {
         bar.say(m)
-    })?;
+    })
+    .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     let ok = verified.outcomes.iter().all(|o| o.passed());
     if json {
