@@ -341,7 +341,14 @@ impl Session {
             .or_default()
             .steps
             .get_or_insert_with(|| {
-                LoopState::new(&spec, &reference, None, rules, run::Budget::unlimited(), None)
+                LoopState::new(
+                    &spec,
+                    &reference,
+                    None,
+                    rules,
+                    run::Budget::unlimited(),
+                    None,
+                )
             }))
     }
 

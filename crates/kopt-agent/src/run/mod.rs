@@ -12,9 +12,10 @@
 //!   ([`RunBudget`]): a loop charges the run what it spent before each round and each
 //!   candidate, and stops when a run limit is reached.
 //!
-//! A proposal's `matrix` is searched by the loop itself, exhaustively (at most
-//! [`proposal::MAX_MATRIX_POINTS`] points): once the candidate's own defines passed every
-//! fence but perhaps the watchdog, each other combination of the matrix's values is built
+//! A proposal's `matrix` is searched by the loop with kopt-search's driver: once the
+//! candidate's own defines passed every fence but perhaps the watchdog, every other point
+//! of a matrix of at most [`proposal::EXHAUSTIVE_MATRIX_POINTS`], or a hill climb from the
+//! candidate's point in a larger one (at most [`proposal::MAX_MATRIX_POINTS`]), is built
 //! from the same source and verified in full through the same [`Evaluate`], with an id
 //! `<candidate>-m<k>`, and judged by the same rule as any candidate ([`improvement`]).
 //! Each point counts against the candidate budget; a budget that runs out mid-matrix
