@@ -17,7 +17,7 @@ use kopt_engine::job::{EvalJob, KernelVersion};
 use kopt_engine::pool::{DeviceSelection, Slot};
 use kopt_engine::verdict::{Judge, Verdict};
 use kopt_redact::Redactor;
-use kopt_spec::files::{self, VariantFile, VerifiedBy};
+use kopt_spec::files::{self, OutputCheck, VariantFile, VerifiedBy};
 use kopt_store::evidence::{self, Evidence, NumericEvidence, NumericResult, ShapeMeasurement};
 use kopt_store::journal::{Event, Journal};
 use kopt_store::layout::KoptDir;
@@ -1735,11 +1735,13 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
                     let t = b.effective_tolerance(&k.spec);
                     let (a, r) = outputs.get(&b.name).copied().unwrap_or((0.0, 0.0));
                     NumericResult {
-                        buffer: b.name.clone(),
-                        rtol: t.rtol,
-                        atol: t.atol,
-                        max_abs_error: a,
-                        max_rel_error: r,
+                        check: OutputCheck {
+                            buffer: b.name.clone(),
+                            rtol: t.rtol,
+                            atol: t.atol,
+                            max_abs_error: a,
+                            max_rel_error: r,
+                        },
                         failing_elements: 0,
                     }
                 })

@@ -66,14 +66,13 @@ pub struct NumericEvidence {
     pub seeds: Vec<u64>,
 }
 
-/// One output buffer compared with the reference, over every shape checked.
+/// One output buffer compared with the reference, over every shape checked: what the
+/// rationale records of it (its tolerance and largest errors), and the elements that
+/// failed (which a rationale never has: they must be none).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NumericResult {
-    pub buffer: String,
-    pub rtol: f64,
-    pub atol: f64,
-    pub max_abs_error: f64,
-    pub max_rel_error: f64,
+    #[serde(flatten)]
+    pub check: OutputCheck,
     /// Elements outside the tolerance (`|a - b| > atol + rtol * |b|`, NaN, Inf).
     pub failing_elements: u64,
 }
@@ -165,26 +164,21 @@ pub fn build(e: &Evidence) -> Result<Rationale> {
     }
     let mut outputs = Vec::new();
     for o in &e.verification.outputs {
-        let values = [o.rtol, o.atol, o.max_abs_error, o.max_rel_error];
+        let c = &o.check;
+        let values = [c.rtol, c.atol, c.max_abs_error, c.max_rel_error];
         if values.iter().any(|v| !v.is_finite() || *v < 0.0) {
             return bad(format!(
                 "output `{}`: tolerances and errors must be finite and non-negative",
-                o.buffer
+                c.buffer
             ));
         }
         if o.failing_elements > 0 {
             return bad(format!(
                 "output `{}` has {} element(s) outside its tolerance: a variant that fails the numeric check gets no rationale",
-                o.buffer, o.failing_elements
+                c.buffer, o.failing_elements
             ));
         }
-        outputs.push(OutputCheck {
-            buffer: o.buffer.clone(),
-            rtol: o.rtol,
-            atol: o.atol,
-            max_abs_error: o.max_abs_error,
-            max_rel_error: o.max_rel_error,
-        });
+        outputs.push(c.clone());
     }
     if e.measurements.is_empty() {
         return bad("no shape was measured".into());

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use common::shape;
 use kopt_spec::files::{
-    BottleneckSnapshot, BudgetUsed, Change, Claim, Confidence, Diagnosis, Risk, VerifiedBy,
+    BottleneckSnapshot, BudgetUsed, Change, Claim, Confidence, Diagnosis, OutputCheck, Risk,
+    VerifiedBy,
 };
 use kopt_store::evidence::{
     self, Device, Evidence, NumericEvidence, NumericResult, ShapeMeasurement,
@@ -81,11 +82,13 @@ fn sample() -> Evidence {
         verification: NumericEvidence {
             method: "kopt verify: 3 fresh input sets per shape (N(0,1), U(-8, 8), rows of one repeated value), outputs NaN-poisoned before each run, inputs checked unmodified, declared and held-out shapes.".into(),
             outputs: vec![NumericResult {
-                buffer: "y".into(),
-                rtol: 1e-2,
-                atol: 1e-2,
-                max_abs_error: 0.0039,
-                max_rel_error: 0.0082,
+                check: OutputCheck {
+                    buffer: "y".into(),
+                    rtol: 1e-2,
+                    atol: 1e-2,
+                    max_abs_error: 0.0039,
+                    max_rel_error: 0.0082,
+                },
                 failing_elements: 0,
             }],
             seeds: vec![7, 11, 13],
