@@ -2,12 +2,14 @@
 //! each candidate judged against the best so far, the rules and budgets read as data.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use kopt_agent::proposal::{self, Resolved};
 use kopt_agent::run::{Budget, Evaluate, LoopState, Rules, Stop, Unreviewed};
 use kopt_engine::job::KernelVersion;
 use kopt_engine::stats::watchdog;
 use kopt_engine::verdict::{Failure, Fence, ShapeFigures, Verdict};
+use kopt_search::run::{Compiled, Compiler, PointSpec};
 
 const SHAPE: &str = "n=4096";
 const REFERENCE_US: f64 = 10.0;
@@ -44,15 +46,58 @@ fn candidate(marker: &str, matrix: Option<serde_json::Value>) -> Resolved {
 }
 
 /// Judges a candidate by its marker; a matrix point with `BLOCK=512` is 20% faster than
-/// its candidate.
+/// its candidate. With `compile_fails_on`, it has a compiler for a matrix's points that
+/// fails on that `BLOCK`.
 #[derive(Default)]
 struct Marked {
     evaluated: Vec<String>,
+    /// The points that arrived with code from the compile pool.
+    compiled_ahead: Vec<String>,
+    compile_fails_on: Option<i64>,
+}
+
+struct FailsOn(i64);
+
+impl Compiler for FailsOn {
+    fn compile(&self, p: &PointSpec) -> Compiled {
+        if p.defines.get("BLOCK") == Some(&self.0) {
+            Compiled::Failed {
+                log: format!(
+                    "kernel.cu(3): error: BLOCK={} needs too many registers",
+                    self.0
+                ),
+                seconds: 0.0,
+            }
+        } else {
+            Compiled::Ok {
+                code: format!("code of BLOCK={}", p.defines["BLOCK"]),
+                seconds: 0.0,
+                metrics: BTreeMap::new(),
+            }
+        }
+    }
 }
 
 impl Evaluate for Marked {
+    fn point_compiler(&self, _base: &KernelVersion) -> Option<Arc<dyn Compiler>> {
+        self.compile_fails_on
+            .map(|b| Arc::new(FailsOn(b)) as Arc<dyn Compiler>)
+    }
+
+    fn attach_code(&self, version: &mut KernelVersion, code: &str) {
+        version.ptx = Some(code.to_string());
+    }
+
     fn evaluate(&mut self, v: &KernelVersion, best_us: Option<&BTreeMap<String, f64>>) -> Verdict {
         self.evaluated.push(v.id.clone());
+        if let Some(code) = &v.ptx {
+            assert_eq!(
+                code,
+                &format!("code of BLOCK={}", v.defines["BLOCK"]),
+                "its own code"
+            );
+            self.compiled_ahead.push(v.id.clone());
+        }
         let marker = v
             .source
             .lines()
@@ -308,4 +353,59 @@ fn a_matrix_over_16_points_is_climbed_from_the_candidate_within_the_candidate_bu
         "{}",
         sweep.verdict
     );
+}
+
+#[test]
+fn a_matrix_compiles_in_the_search_pool_and_a_point_that_does_not_compile_is_recorded() {
+    let mut s = state(Rules::default(), Budget::default());
+    let mut eval = Marked {
+        compile_fails_on: Some(128),
+        ..Marked::default()
+    };
+    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
+    let mut events = Vec::new();
+    let r = s.round(
+        round,
+        vec![(
+            "r1c1".into(),
+            candidate(
+                "time 8.0",
+                Some(serde_json::json!({ "BLOCK": [128, 256, 512] })),
+            ),
+        )],
+        &mut Unreviewed,
+        &mut eval,
+        &mut |e| events.push(e),
+    );
+    assert_eq!(r.stop, None);
+    // The candidate itself is verified as any candidate; of its two other points, BLOCK=128
+    // never reaches the evaluator, BLOCK=512 arrives compiled.
+    assert_eq!(eval.evaluated, ["r1c1", "r1c1-m2"]);
+    assert_eq!(eval.compiled_ahead, ["r1c1-m2"]);
+    let ids: Vec<(&str, bool)> = r
+        .checked
+        .iter()
+        .map(|c| (c.id.as_str(), c.verdict.accepted))
+        .collect();
+    assert_eq!(ids, [("r1c1", true), ("r1c1-m1", false), ("r1c1-m2", true)]);
+    let m1 = &r.checked[1];
+    assert_eq!(m1.version.defines["BLOCK"], 128);
+    assert_eq!(m1.verdict.failures[0].fence, Fence::Compile);
+    assert!(m1.verdict.compile_log.contains("needs too many registers"));
+    assert_eq!(s.best_label(), "r1c1-m2");
+    let sweep = s.history().last().unwrap();
+    assert!(
+        sweep
+            .details
+            .iter()
+            .any(|l| l.starts_with("r1c1-m1 (BLOCK=128 UNROLL=1): rejected: compile")),
+        "{:?}",
+        sweep.details
+    );
+    let candidates = events
+        .iter()
+        .filter(|e| matches!(e, kopt_agent::run::Event::Candidate { .. }))
+        .count();
+    assert_eq!(candidates, 3, "every point is a candidate in the journal");
+    assert_eq!(s.candidates(), 3);
 }

@@ -70,7 +70,9 @@ impl Evaluate for LoopEvaluator<'_> {
             self.last_job = Some(job);
             return verdict;
         }
-        if let Some(verdict) = self.refused(candidate) {
+        // Code carried in the version passed the compile fence in the compile pool.
+        let compiled_ahead = candidate.cubin.is_some() || candidate.ptx.is_some();
+        if let Some(verdict) = (!compiled_ahead).then(|| self.refused(candidate)).flatten() {
             self.last_job = Some(job);
             return verdict;
         }
@@ -96,6 +98,30 @@ impl Evaluate for LoopEvaluator<'_> {
 
     fn last_from_record(&self) -> bool {
         self.recorded.last()
+    }
+
+    /// The compile fence of `cargo kopt search` ([`crate::search::NvrtcCompiler`]) for the
+    /// device's architecture, so that a matrix's points compile in the search's pool.
+    fn point_compiler(
+        &self,
+        base: &KernelVersion,
+    ) -> Option<std::sync::Arc<dyn kopt_search::run::Compiler>> {
+        let (arch, fake) = self.target.as_ref()?;
+        let (major, minor) = files::parse_arch(arch)?;
+        Some(std::sync::Arc::new(crate::search::NvrtcCompiler {
+            kernel: self.k.spec.name.clone(),
+            template: base.clone(),
+            spec_options: self.k.spec.options.clone(),
+            cc: (major as i32, minor as i32),
+            fake: *fake,
+        }))
+    }
+
+    fn attach_code(&self, version: &mut KernelVersion, code: &str) {
+        match self.target {
+            Some((_, true)) => version.ptx = Some(code.to_string()),
+            _ => version.cubin = Some(code.to_string()),
+        }
     }
 }
 

@@ -29,11 +29,12 @@
 //! `search` tool).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kopt_engine::job::KernelVersion;
 use kopt_engine::verdict::{Fence, Verdict};
+use kopt_search::run::Compiler;
 use kopt_spec::KernelSpec;
 use serde::{Deserialize, Serialize};
 
@@ -59,6 +60,21 @@ pub trait Evaluate {
     /// written twice.
     fn last_from_record(&self) -> bool {
         false
+    }
+
+    /// A compiler for the points of a matrix searched around `base`: kopt-search's
+    /// compile pool runs it on CPU threads ahead of the device, a point that does not
+    /// compile never reaches [`Evaluate::evaluate`], and one that does arrives with its
+    /// code ([`Evaluate::attach_code`]). `None` (the default): each point compiles in its
+    /// evaluation.
+    fn point_compiler(&self, base: &KernelVersion) -> Option<Arc<dyn Compiler>> {
+        let _ = base;
+        None
+    }
+
+    /// Puts into `version` the code that [`Evaluate::point_compiler`]'s compiler made.
+    fn attach_code(&self, version: &mut KernelVersion, code: &str) {
+        let _ = (version, code);
     }
 }
 

@@ -4,8 +4,9 @@
 //! which verifies them, judges them against the best so far, applies the rules and the
 //! budgets (both plain data: [`Rules`], [`Budget`]) and says whether the loop goes on.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use kopt_engine::job::KernelVersion;
@@ -22,9 +23,9 @@ use crate::context::{self, ContextInput, Feedback};
 use crate::proposal::{self, Resolved};
 use kopt_search::interesting::Interesting;
 use kopt_search::run::{
-    run as search_run, Budget as SearchBudget, Compiled, Control, Evaluator as SearchEvaluator,
-    Observer as SearchObserver, PointOutcome, PointSpec, Prior, Record, Settings as SearchSettings,
-    Status, StopReason,
+    run as search_run, Budget as SearchBudget, Compiled, Compiler, Control,
+    Evaluator as SearchEvaluator, Observer as SearchObserver, PointOutcome, PointSpec, Prior,
+    Record, Settings as SearchSettings, Status, StopReason,
 };
 use kopt_search::seed::{Guide, ParameterMatrix};
 use kopt_search::space::{Limits, OptionAxes, Space};
@@ -645,8 +646,12 @@ impl<'r> LoopState<'r> {
                     .filter(|s| s.is_finite() && *s < 1e12),
                 target_cost: None,
             },
-            compile_threads: 1,
-            compile_ahead: 1,
+            // A few threads: the points of one matrix, ahead of the device.
+            compile_threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .clamp(1, 4),
+            compile_ahead: proposal::EXHAUSTIVE_MATRIX_POINTS,
         };
         let exhaustive = planned <= proposal::EXHAUSTIVE_MATRIX_POINTS;
         let guide = if exhaustive {
@@ -669,7 +674,8 @@ impl<'r> LoopState<'r> {
             Box::new(HillClimb::new(0))
         };
         let run_out = Cell::new(None);
-        let mut judge = PointJudge {
+        let candidates = self.candidates;
+        let judge = RefCell::new(PointJudge {
             c: &c,
             evaluator,
             rules: &self.rules,
@@ -682,17 +688,18 @@ impl<'r> LoopState<'r> {
             checked,
             on: &mut *on,
             next: 0,
-        };
+        });
         let mut watch = SweepWatch {
+            judge: &judge,
             run: &mut self.run,
             spent,
-            candidates: *judge.candidates,
+            candidates,
             run_out: &run_out,
         };
         let summary = search_run(
             &mut space,
             strategy.as_mut(),
-            &mut judge,
+            &mut PointEvaluator(&judge),
             guide.as_ref(),
             Interesting::none(),
             &settings,
@@ -878,31 +885,27 @@ struct PointJudge<'a, 'c> {
     next: usize,
 }
 
-impl SearchEvaluator for PointJudge<'_, '_> {
-    fn evaluate(
-        &mut self,
-        p: &PointSpec,
-        _compiled: Option<&Compiled>,
-        _progress: &mut dyn FnMut(&str),
-    ) -> PointOutcome {
+impl PointJudge<'_, '_> {
+    /// Counts point `p` as the next candidate: its id (`<candidate>-m<k>`), its version
+    /// (the candidate's defines with the matrix keys' values of the point: the kernel's
+    /// other tunables are axes only to prune the space) and its defines.
+    fn begin(&mut self, p: &PointSpec) -> (String, KernelVersion) {
         let c = self.c;
         self.next += 1;
         *self.candidates += 1;
         let id = format!("{}-m{}", c.id, self.next);
         (self.on)(Event::Candidate { id: id.clone() });
-        // The candidate's defines with the matrix keys' values of the point: the kernel's
-        // other tunables are axes only to prune the space.
-        let mut defines = c.base.defines.clone();
-        defines.extend(
-            p.defines
-                .iter()
-                .filter(|(k, _)| c.matrix.contains_key(*k))
-                .map(|(k, v)| (k.clone(), *v)),
-        );
         let mut version = c.base.clone();
         version.id = id.clone();
-        version.defines = defines.clone();
-        let verdict = self.evaluator.evaluate(&version, self.best.us.as_ref());
+        version.defines = point_defines(&c.base.defines, c.matrix, p);
+        (id, version)
+    }
+
+    /// Judges point `id`'s verdict against the best so far and records it: the journal's
+    /// events, the agent's feedback line, what was tried; the search's outcome.
+    fn settle(&mut self, id: String, version: KernelVersion, verdict: Verdict) -> PointOutcome {
+        let c = self.c;
+        let defines = version.defines.clone();
         let values: BTreeMap<String, i64> = defines
             .iter()
             .filter(|(k, _)| c.matrix.contains_key(*k))
@@ -969,19 +972,101 @@ impl SearchEvaluator for PointJudge<'_, '_> {
     }
 }
 
-/// Charges the run each point a sweep verifies, and stops the search when a run limit is
-/// reached (the search's own budgets are the kernel's candidates and wall time).
-struct SweepWatch<'a, 'r> {
-    run: &'a mut RunCharge<'r>,
-    spent: (u64, f64),
-    candidates: u32,
-    run_out: &'a Cell<Option<&'static str>>,
+/// The full defines of point `p` of a matrix around `base`: the base's, with the matrix
+/// keys' values of the point.
+fn point_defines(
+    base: &BTreeMap<String, i64>,
+    matrix: &BTreeMap<String, Vec<i64>>,
+    p: &PointSpec,
+) -> BTreeMap<String, i64> {
+    let mut defines = base.clone();
+    defines.extend(
+        p.defines
+            .iter()
+            .filter(|(k, _)| matrix.contains_key(*k))
+            .map(|(k, v)| (k.clone(), *v)),
+    );
+    defines
 }
 
-impl SearchObserver for SweepWatch<'_, '_> {
-    fn record(&mut self, _space: &Space, r: &Record, _best: Option<&Record>) -> Control {
+/// The judge as the search's evaluator: each point verified through the loop's
+/// [`Evaluate`], with the code the compile pool made for it when the evaluator has a
+/// compiler.
+struct PointEvaluator<'j, 'a, 'c>(&'j RefCell<PointJudge<'a, 'c>>);
+
+impl SearchEvaluator for PointEvaluator<'_, '_, '_> {
+    fn compiler(&self) -> Option<Arc<dyn Compiler>> {
+        let judge = self.0.borrow();
+        let c = judge.c;
+        let inner = judge.evaluator.point_compiler(c.base)?;
+        Some(Arc::new(MatrixCompiler {
+            inner,
+            base_defines: c.base.defines.clone(),
+            matrix: c.matrix.clone(),
+            options: c.base.options.clone(),
+        }))
+    }
+
+    fn evaluate(
+        &mut self,
+        p: &PointSpec,
+        compiled: Option<&Compiled>,
+        _progress: &mut dyn FnMut(&str),
+    ) -> PointOutcome {
+        let mut guard = self.0.borrow_mut();
+        let judge = &mut *guard;
+        let (id, mut version) = judge.begin(p);
+        if let Some(Compiled::Ok { code, .. }) = compiled {
+            judge.evaluator.attach_code(&mut version, code);
+        }
+        let verdict = judge.evaluator.evaluate(&version, judge.best.us.as_ref());
+        judge.settle(id, version, verdict)
+    }
+}
+
+/// The evaluator's compiler for a matrix's points: a point's version is the candidate's
+/// with the matrix keys' values (as [`PointJudge::begin`] builds it), never the other
+/// axes' values.
+struct MatrixCompiler {
+    inner: Arc<dyn Compiler>,
+    base_defines: BTreeMap<String, i64>,
+    matrix: BTreeMap<String, Vec<i64>>,
+    options: Vec<String>,
+}
+
+impl Compiler for MatrixCompiler {
+    fn compile(&self, p: &PointSpec) -> Compiled {
+        self.inner.compile(&PointSpec {
+            id: p.id,
+            label: p.label.clone(),
+            defines: point_defines(&self.base_defines, &self.matrix, p),
+            options: self.options.clone(),
+        })
+    }
+}
+
+/// Records the points whose compile failed in the pool (they never reach the
+/// evaluator), charges the run each point, and stops the search when a run limit is
+/// reached (the search's own budgets are the kernel's candidates and wall time).
+struct SweepWatch<'w, 'a, 'c, 'r> {
+    judge: &'w RefCell<PointJudge<'a, 'c>>,
+    run: &'w mut RunCharge<'r>,
+    spent: (u64, f64),
+    candidates: u32,
+    run_out: &'w Cell<Option<&'static str>>,
+}
+
+impl SearchObserver for SweepWatch<'_, '_, '_, '_> {
+    fn record(&mut self, space: &Space, r: &Record, _best: Option<&Record>) -> Control {
         if r.replayed {
             return Control::Continue;
+        }
+        if r.outcome.status == Status::CompileFailed
+            && r.outcome.failure.as_deref() == Some("compile")
+        {
+            let mut judge = self.judge.borrow_mut();
+            let (id, version) = judge.begin(&PointSpec::of(space, r.id));
+            judge.settle(id, version, Verdict::compile_rejected(&r.outcome.detail));
         }
         self.candidates += 1;
         match self.run.check(self.candidates, self.spent.0, self.spent.1) {
