@@ -1198,7 +1198,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
                     format!("{id}: {objections} objection(s)")
                 }
                 run::Event::Sweep { id, points } => {
-                    format!("searching {id}'s matrix: {points} more point(s)")
+                    format!("searching {id}'s matrix: {points} other valid point(s)")
                 }
                 run::Event::SweepDone {
                     id,
@@ -1903,12 +1903,33 @@ fn parameter_search(s: &run::MatrixSweep, winner: &KernelVersion) -> files::Para
     } else {
         format!("`{chosen}` is the last point that rule took, so its defines replace the agent's")
     };
-    files::ParameterSearch {
-        method: format!(
-            "The optimisation loop's exhaustive sweep of the agent's parameter matrix ({combos} combination(s) of {}, over the candidate `{}` and its other defines): every point verified in full by the same engine and fences as any candidate (numerics on fresh inputs, held-out shapes, the watchdog), one after another, each judged by the loop's rule for a new best (every fence passed, and faster than the best so far by the minimum gain on some shape); {kept}.",
-            s.matrix.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
+    let keys = s
+        .matrix
+        .keys()
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut method = if s.exhaustive {
+        format!(
+            "The optimisation loop's exhaustive sweep of the agent's parameter matrix ({combos} combination(s) of {keys}, over the candidate `{}` and its other defines): every point verified in full by the same engine and fences as any candidate (numerics on fresh inputs, held-out shapes, the watchdog), one after another, each judged by the loop's rule for a new best (every fence passed, and faster than the best so far by the minimum gain on some shape); {kept}.",
             s.base,
-        ),
+        )
+    } else {
+        format!(
+            "The optimisation loop's hill climb over the agent's parameter matrix ({combos} combination(s) of {keys}, over the candidate `{}` and its other defines), from the candidate's own defines, one axis one step first, while the candidate budget lasted: {} of the {} other valid point(s) verified in full by the same engine and fences as any candidate (numerics on fresh inputs, held-out shapes, the watchdog), one after another, each judged by the loop's rule for a new best (every fence passed, and faster than the best so far by the minimum gain on some shape); {kept}.",
+            s.base,
+            s.points.len().saturating_sub(1),
+            s.planned,
+        )
+    };
+    if s.pruned > 0 {
+        method.push_str(&format!(
+            " {} combination(s) were not run: they break the kernel's constraints or a launch limit on a declared shape.",
+            s.pruned
+        ));
+    }
+    files::ParameterSearch {
+        method,
         matrix: s.matrix.clone(),
         chosen,
         stopped: s.stopped.clone(),
@@ -2115,6 +2136,55 @@ pub fn profile_reference(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_climbed_or_pruned_matrix_is_said_so_in_the_rationale() {
+        let item = kopt_spec::spec::parse_item(
+            "pub fn scale(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        let spec = kopt_spec::spec::parse_kernel("reference = \"k.cu\", x: [n], y: [n], grid = ceil_div(n, 256), block = 256, shapes = [{ n: 4096 }]".parse().unwrap(), &item).unwrap().0;
+        let winner = KernelVersion::reference(&spec, "// k.cu");
+        let point = |id: &str, block: i64| run::SweptPoint {
+            id: id.into(),
+            defines: BTreeMap::from([("BLOCK".to_string(), block)]),
+            verdict: Verdict::compile_rejected("k.cu(1): error"),
+        };
+        let mut sweep = run::MatrixSweep {
+            base: "r1c1".into(),
+            matrix: BTreeMap::from([("BLOCK".to_string(), vec![64, 128, 256, 512, 1024, 2048])]),
+            points: vec![point("r1c1", 256), point("r1c1-m1", 512)],
+            planned: 4,
+            exhaustive: true,
+            pruned: 1,
+            chosen: Some("r1c1".into()),
+            stopped: None,
+        };
+        let exhaustive = parameter_search(&sweep, &winner).method;
+        assert!(
+            exhaustive.starts_with("The optimisation loop's exhaustive sweep"),
+            "{exhaustive}"
+        );
+        assert!(
+            exhaustive.ends_with(" 1 combination(s) were not run: they break the kernel's constraints or a launch limit on a declared shape."),
+            "{exhaustive}"
+        );
+        sweep.exhaustive = false;
+        sweep.pruned = 0;
+        let climbed = parameter_search(&sweep, &winner).method;
+        assert!(
+            climbed.starts_with("The optimisation loop's hill climb over the agent's parameter matrix (6 combination(s) of `BLOCK`"),
+            "{climbed}"
+        );
+        assert!(
+            climbed.contains("1 of the 4 other valid point(s) verified in full"),
+            "{climbed}"
+        );
+        assert!(!climbed.contains("every point"), "{climbed}");
+        assert!(!climbed.contains("were not run"), "{climbed}");
+    }
 
     #[test]
     fn agent_configuration_layers_user_then_workspace_then_environment() {

@@ -350,8 +350,8 @@ pub fn describe_defines(d: &BTreeMap<String, i64>) -> String {
         .join(" ")
 }
 
-/// The loop's exhaustive sweep of one candidate's matrix: every point verified in full
-/// through [`Evaluate`], the candidate itself (its own defines) first.
+/// The loop's search of one candidate's matrix: the points verified in full through
+/// [`Evaluate`], the candidate itself (its own defines) first.
 #[derive(Debug, Clone)]
 pub struct MatrixSweep {
     /// The candidate (`r1c2`).
@@ -361,8 +361,14 @@ pub struct MatrixSweep {
     /// The points in the order they were verified, the candidate's own first; each
     /// point's `defines` are its full defines.
     pub points: Vec<SweptPoint>,
-    /// How many points the matrix asked for beyond the candidate's own defines.
+    /// How many valid points the matrix holds beyond the candidate's own defines.
     pub planned: usize,
+    /// Whether every one of them was to be verified in turn (`false`: a hill climb from
+    /// the candidate's point while the candidate budget lasts).
+    pub exhaustive: bool,
+    /// The matrix's combinations left out before anything ran: they break the kernel's
+    /// constraints or a launch limit on a declared shape.
+    pub pruned: usize,
     /// The point that is the loop's best after the sweep, when one of this sweep's is.
     pub chosen: Option<String>,
     /// Why the sweep ended before its last point (the budget that ran out).

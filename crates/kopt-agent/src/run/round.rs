@@ -619,6 +619,10 @@ impl<'r> LoopState<'r> {
                 verdict: c.base_verdict.clone(),
             }],
             planned,
+            exhaustive: planned <= proposal::EXHAUSTIVE_MATRIX_POINTS,
+            pruned: usize::try_from(space.raw)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(space.len()),
             chosen: c.base_won.then(|| c.id.to_string()),
             stopped: None,
         };
@@ -653,7 +657,7 @@ impl<'r> LoopState<'r> {
                 .clamp(1, 4),
             compile_ahead: proposal::EXHAUSTIVE_MATRIX_POINTS,
         };
-        let exhaustive = planned <= proposal::EXHAUSTIVE_MATRIX_POINTS;
+        let exhaustive = sweep.exhaustive;
         let guide = if exhaustive {
             None
         } else {
