@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kopt_agent::proposal::{self, Resolved};
-use kopt_agent::run::{Budget, Evaluate, LoopState, Rules, Stop, Unreviewed};
+use kopt_agent::run::{Budget, Evaluate, LoopState, Round, Rules, Stop, Unreviewed};
 use kopt_engine::job::KernelVersion;
 use kopt_engine::stats::watchdog;
 use kopt_engine::verdict::{Failure, Fence, ShapeFigures, Verdict};
@@ -161,21 +161,30 @@ fn state(rules: Rules, budget: Budget) -> LoopState<'static> {
     )
 }
 
+/// Opens the next round and verifies `candidates` in it.
+fn next_round(s: &mut LoopState, eval: &mut Marked, candidates: Vec<(&str, Resolved)>) -> Round {
+    let round = s
+        .open_round(&Unreviewed, &mut |_| {})
+        .expect("the budgets allow another round");
+    let candidates = candidates
+        .into_iter()
+        .map(|(id, c)| (id.to_string(), c))
+        .collect();
+    s.round(round, candidates, &mut Unreviewed, eval, &mut |_| {})
+}
+
 #[test]
 fn each_candidate_is_judged_against_the_best_before_it() {
     let mut s = state(Rules::default(), Budget::default());
     let mut eval = Marked::default();
-    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
-    let r = s.round(
-        round,
-        vec![
-            ("r1c1".into(), candidate("time 5.0", None)),
-            // 2x the reference, but slower than r1c1: no new best.
-            ("r1c2".into(), candidate("time 5.5", None)),
-        ],
-        &mut Unreviewed,
+    let r = next_round(
+        &mut s,
         &mut eval,
-        &mut |_| {},
+        vec![
+            ("r1c1", candidate("time 5.0", None)),
+            // 2x the reference, but slower than r1c1: no new best.
+            ("r1c2", candidate("time 5.5", None)),
+        ],
     );
     assert_eq!(r.stop, None);
     assert!(r.improved);
@@ -202,33 +211,24 @@ fn each_candidate_is_judged_against_the_best_before_it() {
 fn the_default_rules_search_a_matrix_and_escalate_a_repeated_error() {
     let mut s = state(Rules::default(), Budget::default());
     let mut eval = Marked::default();
-    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
-    let r = s.round(
-        round,
+    let r = next_round(
+        &mut s,
+        &mut eval,
         vec![(
-            "r1c1".into(),
+            "r1c1",
             candidate("time 8.0", Some(serde_json::json!({ "BLOCK": [256, 512] }))),
         )],
-        &mut Unreviewed,
-        &mut eval,
-        &mut |_| {},
     );
     assert_eq!(eval.evaluated, ["r1c1", "r1c1-m1"]);
     assert_eq!(s.best_label(), "r1c1-m1", "BLOCK=512 is the faster point");
     assert!(r.checked.iter().all(|c| c.improved));
     let mut stop = None;
     for round in 2..=4 {
-        assert_eq!(s.open_round(&Unreviewed, &mut |_| {}), Ok(round));
         let id = format!("r{round}c1");
-        stop = s
-            .round(
-                round,
-                vec![(id, candidate("fails compile: error: BLOCK undefined", None))],
-                &mut Unreviewed,
-                &mut eval,
-                &mut |_| {},
-            )
-            .stop;
+        let failing = candidate("fails compile: error: BLOCK undefined", None);
+        let r = next_round(&mut s, &mut eval, vec![(&id, failing)]);
+        assert_eq!(r.number, round);
+        stop = r.stop;
         if stop.is_some() {
             assert_eq!(round, 4, "the third time the same error is one too many");
         }
@@ -244,29 +244,18 @@ fn judge_only_rules_never_escalate_and_leave_a_matrix_alone() {
     let mut s = state(Rules::judge_only(0.03, 0.01), Budget::unlimited());
     let mut eval = Marked::default();
     for round in 1..=6 {
-        assert_eq!(s.open_round(&Unreviewed, &mut |_| {}), Ok(round));
-        let r = s.round(
-            round,
-            vec![(
-                format!("m{round}"),
-                candidate("fails numerics: y[3] is 2.5, not 2.0", None),
-            )],
-            &mut Unreviewed,
-            &mut eval,
-            &mut |_| {},
-        );
-        assert_eq!(r.stop, None, "round {round}");
+        let id = format!("m{round}");
+        let wrong = candidate("fails numerics: y[3] is 2.5, not 2.0", None);
+        let r = next_round(&mut s, &mut eval, vec![(&id, wrong)]);
+        assert_eq!((r.number, r.stop), (round, None));
     }
-    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
-    let r = s.round(
-        round,
+    let r = next_round(
+        &mut s,
+        &mut eval,
         vec![(
-            "m7".into(),
+            "m7",
             candidate("time 5.0", Some(serde_json::json!({ "BLOCK": [256, 512] }))),
         )],
-        &mut Unreviewed,
-        &mut eval,
-        &mut |_| {},
     );
     assert_eq!(r.checked.len(), 1, "the matrix is not searched");
     assert_eq!(s.best_label(), "m7");
@@ -281,16 +270,13 @@ fn a_candidate_budget_stops_a_round_before_the_candidate_over_it() {
     };
     let mut s = state(Rules::default(), budget);
     let mut eval = Marked::default();
-    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
-    let r = s.round(
-        round,
-        vec![
-            ("r1c1".into(), candidate("time 9.0", None)),
-            ("r1c2".into(), candidate("time 4.0", None)),
-        ],
-        &mut Unreviewed,
+    let r = next_round(
+        &mut s,
         &mut eval,
-        &mut |_| {},
+        vec![
+            ("r1c1", candidate("time 9.0", None)),
+            ("r1c2", candidate("time 4.0", None)),
+        ],
     );
     assert_eq!(
         r.stop,
@@ -316,15 +302,12 @@ fn a_matrix_over_16_points_is_climbed_from_the_candidate_within_the_candidate_bu
     };
     let mut s = state(Rules::default(), budget);
     let mut eval = Marked::default();
-    let round = s.open_round(&Unreviewed, &mut |_| {}).unwrap();
     let matrix =
         serde_json::json!({ "BLOCK": [128, 256, 512], "UNROLL": [1, 2, 3, 4, 5, 6, 7, 8] });
-    let r = s.round(
-        round,
-        vec![("r1c1".into(), candidate("time 8.0", Some(matrix)))],
-        &mut Unreviewed,
+    let r = next_round(
+        &mut s,
         &mut eval,
-        &mut |_| {},
+        vec![("r1c1", candidate("time 8.0", Some(matrix)))],
     );
     assert_eq!(
         r.stop,
