@@ -740,6 +740,35 @@ fn a_candidates_matrix_is_searched_and_its_best_point_wins() {
 }
 
 #[test]
+fn a_matrix_s_points_reach_the_device_compiled_by_the_search_pool() {
+    let s = setup();
+    let budget = Budget {
+        rounds: 1,
+        ..Budget::default()
+    };
+    let (out, events) = s.optimize_scripted(&[matrix_proposal(&s, &[1, 2, 4], "")], &budget);
+    assert_eq!(out.stop, Stop::Rounds, "{:?}", out.stop);
+    // The candidate is compiled by the worker; each other point arrives with the code the
+    // pool compiled for it (the fake device's pseudo-PTX of its own source and defines).
+    let compiled: Vec<(String, bool)> = events
+        .iter()
+        .filter_map(|e| match e {
+            run::Event::Verdict { id, version, .. } => Some((id.clone(), version.ptx.is_some())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        compiled,
+        [
+            ("r1c1".to_string(), false),
+            ("r1c1-m1".to_string(), true),
+            ("r1c1-m2".to_string(), true)
+        ]
+    );
+    assert!(verdicts(&out).iter().all(|v| v.1), "{:?}", verdicts(&out));
+}
+
+#[test]
 fn failing_points_are_data_not_an_escalation() {
     let s = setup();
     // Three points fail numerics the same way: three failures in a row and the same error
