@@ -54,6 +54,8 @@ struct Marked {
     /// The points that arrived with code from the compile pool.
     compiled_ahead: Vec<String>,
     compile_fails_on: Option<i64>,
+    /// A `BLOCK` whose point fails to compile in the evaluation (no compile pool).
+    evaluation_fails_to_compile_on: Option<i64>,
 }
 
 struct FailsOn(i64);
@@ -90,6 +92,11 @@ impl Evaluate for Marked {
 
     fn evaluate(&mut self, v: &KernelVersion, best_us: Option<&BTreeMap<String, f64>>) -> Verdict {
         self.evaluated.push(v.id.clone());
+        if self.evaluation_fails_to_compile_on.is_some()
+            && v.defines.get("BLOCK") == self.evaluation_fails_to_compile_on.as_ref()
+        {
+            return Verdict::compile_rejected("kernel.cu(3): error: too many registers");
+        }
         if let Some(code) = &v.ptx {
             assert_eq!(
                 code,
@@ -390,5 +397,25 @@ fn a_matrix_compiles_in_the_search_pool_and_a_point_that_does_not_compile_is_rec
         .filter(|e| matches!(e, kopt_agent::run::Event::Candidate { .. }))
         .count();
     assert_eq!(candidates, 3, "every point is a candidate in the journal");
+    assert_eq!(s.candidates(), 3);
+}
+
+#[test]
+fn a_point_that_fails_to_compile_in_its_evaluation_is_recorded_once() {
+    let mut s = state(Rules::default(), Budget::default());
+    let mut eval = Marked {
+        evaluation_fails_to_compile_on: Some(128),
+        ..Marked::default()
+    };
+    let matrix = serde_json::json!({ "BLOCK": [128, 256, 512] });
+    let r = next_round(
+        &mut s,
+        &mut eval,
+        vec![("r1c1", candidate("time 8.0", Some(matrix)))],
+    );
+    assert_eq!(eval.evaluated, ["r1c1", "r1c1-m1", "r1c1-m2"]);
+    let ids: Vec<&str> = r.checked.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["r1c1", "r1c1-m1", "r1c1-m2"]);
+    assert_eq!(r.checked[1].verdict.failures[0].fence, Fence::Compile);
     assert_eq!(s.candidates(), 3);
 }

@@ -5,7 +5,7 @@
 //! budgets (both plain data: [`Rules`], [`Budget`]) and says whether the loop goes on.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -692,6 +692,7 @@ impl<'r> LoopState<'r> {
             checked,
             on: &mut *on,
             next: 0,
+            evaluated: HashSet::new(),
         });
         let mut watch = SweepWatch {
             judge: &judge,
@@ -887,6 +888,8 @@ struct PointJudge<'a, 'c> {
     on: &'a mut dyn FnMut(Event),
     /// Points verified so far.
     next: usize,
+    /// The space's ids of the points the evaluator was handed.
+    evaluated: HashSet<usize>,
 }
 
 impl PointJudge<'_, '_> {
@@ -1019,6 +1022,7 @@ impl SearchEvaluator for PointEvaluator<'_, '_, '_> {
     ) -> PointOutcome {
         let mut guard = self.0.borrow_mut();
         let judge = &mut *guard;
+        judge.evaluated.insert(p.id);
         let (id, mut version) = judge.begin(p);
         if let Some(Compiled::Ok { code, .. }) = compiled {
             judge.evaluator.attach_code(&mut version, code);
@@ -1065,13 +1069,14 @@ impl SearchObserver for SweepWatch<'_, '_, '_, '_> {
         if r.replayed {
             return Control::Continue;
         }
-        if r.outcome.status == Status::CompileFailed
-            && r.outcome.failure.as_deref() == Some("compile")
-        {
-            let mut judge = self.judge.borrow_mut();
+        let mut judge = self.judge.borrow_mut();
+        // A point the pool failed to compile never reached the evaluator, which records
+        // every point it was handed.
+        if r.outcome.status == Status::CompileFailed && !judge.evaluated.contains(&r.id) {
             let (id, version) = judge.begin(&PointSpec::of(space, r.id));
             judge.settle(id, version, Verdict::compile_rejected(&r.outcome.detail));
         }
+        drop(judge);
         self.candidates += 1;
         match self.run.check(self.candidates, self.spent.0, self.spent.1) {
             Some(which) => {
