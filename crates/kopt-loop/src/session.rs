@@ -327,6 +327,10 @@ impl Session {
     /// The kernel's loop, from the reference with this session's rules if its start did
     /// not settle one.
     fn steps(&mut self, name: &str) -> Result<&mut LoopState<'static>, ToolError> {
+        if self.kernels.get(name).is_some_and(|s| s.steps.is_some()) {
+            let steps = self.kernels.get_mut(name).and_then(|s| s.steps.as_mut());
+            return Ok(steps.expect("just checked"));
+        }
         let rules = self.rules(name);
         let (spec, reference) = {
             let k = self.kernel(name)?;
@@ -472,7 +476,7 @@ impl Session {
         self.profile_reference(name)?;
         self.start(name)?;
         let (device, ceilings) = self.device_line()?;
-        let rules = self.rules(name);
+        let rules = self.steps(name)?.rules().clone();
         let device = match self.kernels.get(name).and_then(|s| s.noise.as_ref()) {
             Some(n) => format!("{device}; {}", n.describe(&rules)),
             None => device,
@@ -663,6 +667,8 @@ impl Session {
             &mut |_| {},
         );
         let job = evaluator.last_job.take();
+        // The rules the round judged by, which the rationale states.
+        let rules = steps.rules().clone();
         let run::Checked {
             version,
             verdict,
@@ -683,7 +689,6 @@ impl Session {
             times_us: verdict.candidate_times(),
             artefacts: vec![],
         });
-        let rules = self.rules(&a.kernel);
         let mut pending = None;
         if improved {
             let k = self.kernel(&a.kernel)?;

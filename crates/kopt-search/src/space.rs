@@ -126,10 +126,9 @@ impl Limits {
     pub fn from_device(d: &DeviceInfo) -> Self {
         Limits {
             max_threads_per_block: d.max_threads_per_block,
-            max_block_dims: [1024, 1024, 64],
-            max_grid_dims: [i32::MAX as u32, 65535, 65535],
             max_shared_per_block_optin: d.max_shared_per_block_optin,
             registers_per_block: d.registers_per_sm.min(65536),
+            ..Limits::any_device()
         }
     }
 

@@ -824,12 +824,13 @@ fn matrix_space(
                 .get(name)
                 .cloned()
                 .unwrap_or_else(|| own.into_iter().collect());
-            if let Some(v) = own.filter(|v| values.contains(v)) {
+            let own = own.filter(|v| values.contains(v));
+            if let Some(v) = own {
                 own_values.insert(name.clone(), v);
             }
             Tunable {
                 name: name.clone(),
-                default: own.filter(|v| values.contains(v)).unwrap_or(values[0]),
+                default: own.unwrap_or(values[0]),
                 values,
             }
         })
