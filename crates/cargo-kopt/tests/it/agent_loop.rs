@@ -1580,17 +1580,22 @@ fn a_resumed_run_whose_context_changed_asks_the_agent_again() {
     );
 }
 
-#[test]
-fn the_run_summary_counts_what_the_journal_holds() {
-    let ws = kopt_tests::ExampleWorkspace::new();
-    let s = setup();
-    // Two proposals a round: one that does not compile, one 30% faster.
+/// Two proposals in one reply: one that does not compile, then one 30% faster.
+fn broken_then_faster(s: &Setup) -> String {
     let mut two: serde_json::Value =
         serde_json::from_str(&proposal(&s.source("// kopt-fake: speedup 1.3"))).unwrap();
     let mut broken = two["proposals"][0].clone();
     broken["candidate"]["source"] = json!(s.source("// kopt-fake: compile-error no such thing"));
     two["proposals"].as_array_mut().unwrap().insert(0, broken);
-    let agent = scripted_agent(&ws, &two.to_string());
+    two.to_string()
+}
+
+#[test]
+fn the_run_summary_counts_what_the_journal_holds() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    // Two proposals a round: one that does not compile, one 30% faster.
+    let agent = scripted_agent(&ws, &broken_then_faster(&s));
     let o = optimize_softmax(&ws, &agent, "counted", &["--from-reference"]);
     assert!(o.status.success(), "{}", kopt_tests::text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -1625,12 +1630,7 @@ fn a_candidate_that_does_not_compile_is_refused_on_the_cpu_and_the_winner_record
     // with later.
     let ws = kopt_tests::ExampleWorkspace::new();
     let s = setup();
-    let mut two: serde_json::Value =
-        serde_json::from_str(&proposal(&s.source("// kopt-fake: speedup 1.3"))).unwrap();
-    let mut broken = two["proposals"][0].clone();
-    broken["candidate"]["source"] = json!(s.source("// kopt-fake: compile-error no such thing"));
-    two["proposals"].as_array_mut().unwrap().insert(0, broken);
-    let agent = scripted_agent(&ws, &two.to_string());
+    let agent = scripted_agent(&ws, &broken_then_faster(&s));
     let o = optimize_softmax(&ws, &agent, "fenced", &["--from-reference"]);
     assert!(o.status.success(), "{}", kopt_tests::text(&o));
     let all = events(&ws, "fenced");
