@@ -251,7 +251,12 @@ debug = false
     /// Builds the copy (incrementally) and returns what its binary's `explain --arch ARCH`
     /// prints: which version of each kernel runs for each declared shape, and why.
     pub fn explain(&self, arch: &str) -> String {
-        let out = self.cargo(&[
+        self.explain_on(arch, None)
+    }
+
+    /// [`ExampleWorkspace::explain`] on a device of that name (`--device`).
+    pub fn explain_on(&self, arch: &str, device: Option<&str>) -> String {
+        let mut args = vec![
             "run",
             "-q",
             "-p",
@@ -260,7 +265,11 @@ debug = false
             "explain",
             "--arch",
             arch,
-        ]);
+        ];
+        if let Some(d) = device {
+            args.extend(["--device", d]);
+        }
+        let out = self.cargo(&args);
         assert!(out.status.success(), "{}", text(&out));
         String::from_utf8(out.stdout).unwrap()
     }

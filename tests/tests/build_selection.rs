@@ -42,6 +42,7 @@ fn pin_online_vec4(ws: &ExampleWorkspace) {
         &softmax_kernel(ws),
         "online-vec4",
         "sm_90",
+        None,
         Some("cols % 4 == 0"),
     )
     .unwrap();
@@ -77,6 +78,45 @@ fn the_build_follows_the_committed_files() {
                 .all(|l| l.contains("where `cols % VEC == 0 with VEC = 2`")),
         "{out}"
     );
+    // A variant keyed by device (lock format 2): on an H200 it is tried before the
+    // architecture's entries; on another sm_90 device it does not run, and says so.
+    let loop_winner = "run-1796024738-r1c1";
+    commands::pin(
+        &softmax_kernel(&ws),
+        loop_winner,
+        "sm_90",
+        Some("NVIDIA H200"),
+        None,
+    )
+    .unwrap();
+    let lock = ws.read("kopt/softmax/kopt.lock");
+    assert!(
+        lock.contains("format = 2") && lock.contains("device = \"NVIDIA H200\""),
+        "{lock}"
+    );
+    let on_h200 = ws.explain_on("sm_90", Some("NVIDIA H200"));
+    for shape in ["cols=4096 rows=4096", "cols=50257"] {
+        assert!(
+            softmax_line(&on_h200, shape).contains(&format!(
+                "variant `{loop_winner}` (accepted for NVIDIA H200 (sm_90))"
+            )),
+            "{on_h200}"
+        );
+    }
+    let out = explain(&ws);
+    assert!(
+        softmax_line(&out, "cols=4096 rows=4096")
+            .contains("variant `online-vec4` (accepted for sm_90 where `cols % 4 == 0`)"),
+        "{out}"
+    );
+    assert!(
+        softmax_line(&out, "cols=50257")
+            .contains(&format!("`{loop_winner}` is for NVIDIA H200 only")),
+        "{out}"
+    );
+    commands::revert(&softmax_kernel(&ws), Some("sm_90")).unwrap();
+    pin_online_vec4(&ws);
+
     // On another architecture, the reference.
     let out = explain_built("sm_80", &[]);
     assert!(

@@ -136,6 +136,7 @@ fn crate_with_variant(
     let mut lock = LockFile::new(&s.name);
     lock.accepted.push(LockEntry {
         arch: "sm_90".into(),
+        device: None,
         variant: variant_id.into(),
         region: None,
         verified_by: VerifiedBy::Kopt,

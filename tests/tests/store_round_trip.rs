@@ -45,7 +45,8 @@ fn pending_accept_build_revert_fallback() {
     assert_eq!(chosen.len(), 1);
 
     // Accept: the files are written and the lock names the variant.
-    let reports = store::accept_pending(&g, &chosen, None, None).unwrap();
+    let reports =
+        store::accept_pending(&g, &chosen, kopt_store::accept::AcceptAs::default(), None).unwrap();
     assert_eq!(reports[0].accepted.variant, "online-vec4-rt");
     assert!(reports[0].replaced.is_empty(), "the reference ran on sm_90");
     for f in [

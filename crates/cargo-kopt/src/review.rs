@@ -448,20 +448,28 @@ pub fn render(
 
     match &item.plan {
         Ok(plan) => {
-            if plan.replaces.is_empty() {
+            if plan.replaces.is_empty() && plan.keeps.is_empty() {
                 writeln!(
                     out,
                     "\n{}Replaces:{:#} nothing: the reference runs on {} today",
                     bold(),
                     bold(),
-                    m.arch
+                    plan.entry.key()
+                )?;
+            } else if plan.replaces.is_empty() {
+                writeln!(
+                    out,
+                    "\n{}Replaces:{:#} no entry: it goes before {}",
+                    bold(),
+                    bold(),
+                    plan.keeps.join(", ")
                 )?;
             } else {
                 writeln!(
                     out,
                     "\n{}Replaces the accepted variant(s) for {}:{:#}",
                     yellow().bold(),
-                    m.arch,
+                    plan.entry.key(),
                     yellow().bold()
                 )?;
                 for x in &plan.replaces {
@@ -474,6 +482,7 @@ pub fn render(
             for n in &plan.notes {
                 writeln!(out, "{}note{:#}: {n}", yellow(), yellow())?;
             }
+            render_region_map(out, plan)?;
         }
         Err(e) => writeln!(
             out,
@@ -483,6 +492,51 @@ pub fn render(
         )?,
     }
     render_diff(out, &item.diff, expanded)
+}
+
+/// Which version runs on each declared shape before and after the accept, and on the
+/// held-out shapes where that changes (the unchanged ones are counted).
+fn render_region_map(out: &mut dyn Write, plan: &kopt_store::accept::AcceptPlan) -> io::Result<()> {
+    heading(
+        out,
+        &format!(
+            "Which version runs where on {}, before → after",
+            plan.entry.key()
+        ),
+    )?;
+    let mut table = cargo_kopt::table::Table::new(&["shape", "", "before", "after"]);
+    let mut unchanged_held_out = 0;
+    for row in &plan.region_map {
+        let changed = row.before != row.after;
+        if row.held_out && !changed {
+            unchanged_held_out += 1;
+            continue;
+        }
+        table.row(vec![
+            (row.shape.clone(), Style::new()),
+            (
+                if row.held_out { "held out" } else { "declared" }.to_string(),
+                dim(),
+            ),
+            (row.before.clone(), Style::new()),
+            (
+                row.after.clone(),
+                if changed { green() } else { Style::new() },
+            ),
+        ]);
+    }
+    for line in table.render().lines() {
+        writeln!(out, "  {line}")?;
+    }
+    if unchanged_held_out > 0 {
+        writeln!(
+            out,
+            "  {}{unchanged_held_out} held-out shape(s) keep the version they run today{:#}",
+            dim(),
+            dim()
+        )?;
+    }
+    Ok(())
 }
 
 fn heading(out: &mut dyn Write, title: &str) -> io::Result<()> {

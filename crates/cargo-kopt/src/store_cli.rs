@@ -304,18 +304,18 @@ pub fn review(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `cargo kopt accept [KERNEL] [--arch A] [--all] [--as NAME]`.
+/// `cargo kopt accept [KERNEL] [--arch A] [--all] [--as NAME] [--device-specific]`.
 pub fn accept(
     g: &Gathered,
     kernel: Option<&str>,
     arch: Option<&str>,
     all: bool,
-    rename: Option<&str>,
+    how: kopt_store::accept::AcceptAs,
     rec: &CaseRecording,
     json: bool,
 ) -> Result<ExitCode, String> {
     let chosen = store::select_pending(g, kernel, arch, all).map_err(usage)?;
-    let decide = |lib: Option<&mut CaseLibrary>| store::accept_pending(g, &chosen, rename, lib);
+    let decide = |lib: Option<&mut CaseLibrary>| store::accept_pending(g, &chosen, how, lib);
     decide_and_print(rec, json, decide, |out, r| {
         let a = &r.accepted;
         for replaced in &r.replaced {
@@ -327,7 +327,7 @@ pub fn accept(
             green(),
             green(),
             a.variant,
-            a.arch,
+            a.key,
             a.kernel,
             a.region
                 .as_ref()

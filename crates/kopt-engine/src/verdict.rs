@@ -68,23 +68,32 @@ pub struct Failure {
 /// Figures of one shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShapeFigures {
+    /// The shape's label (`cols=4096 rows=4096`; a held-out one says so).
     pub shape: String,
+    /// Drawn by the engine, never shown to the agent: checked, not timed.
     pub held_out: bool,
+    /// The reference's median time, µs (timed shapes only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_us: Option<f64>,
+    /// The candidate's median time, µs, measured in the same job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate_us: Option<f64>,
+    /// Reference time over candidate time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speedup: Option<f64>,
     /// Candidate's effective bandwidth over the copy ceiling, percent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_bandwidth_pct: Option<f64>,
+    /// The reference's, on the same ceiling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_copy_bandwidth_pct: Option<f64>,
+    /// Declared FLOPs over the candidate's time, percent of the matrix peak.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flops_pct: Option<f64>,
+    /// The relative spread of the candidate's timing samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread: Option<f64>,
+    /// How it was timed (`graph of 32 launches ...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
     /// How the candidate was timed, chosen from its measured launch time.

@@ -11,6 +11,7 @@ use kopt_engine::protocol::{Ceilings, DeviceInfo};
 use kopt_engine::sanitizer::{self, SanitizerResult};
 use kopt_engine::verdict::{Judge, Verdict};
 use kopt_spec::expr::Expr;
+use kopt_spec::files::LockEntry;
 use kopt_spec::selection::{self, UsableVariant};
 use kopt_spec::shapes::{held_out_byte_cap, held_out_shapes_for, ShapeCase};
 use kopt_spec::spec::Shape;
@@ -207,13 +208,19 @@ pub struct VerifyOutcome {
     pub kernel: String,
     pub variant: String,
     pub arch: String,
+    /// What its lock entry is keyed by: `sm_90`, or `NVIDIA H200 (sm_90)`.
+    pub key: String,
+    /// The name of the device it was verified on (not always the one it was measured on
+    /// when its entry is for the whole architecture).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     pub cached: bool,
     pub verdict: Option<Verdict>,
     pub sanitizer: Vec<SanitizerResult>,
     /// The shapes the sanitizer ran on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sanitizer_shapes: Vec<String>,
-    /// Why it was not verified here (another architecture).
+    /// Why it was not verified here (another architecture, or another device).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
     /// The GPU it was verified on.
@@ -222,12 +229,14 @@ pub struct VerifyOutcome {
 }
 
 impl VerifyOutcome {
-    fn new(k: &Kernel, variant: &str, arch: &str) -> Self {
+    fn new(k: &Kernel, entry: &LockEntry) -> Self {
         VerifyOutcome {
             package: k.package.clone(),
             kernel: k.spec.name.clone(),
-            variant: variant.to_string(),
-            arch: arch.to_string(),
+            variant: entry.variant.clone(),
+            arch: entry.arch.clone(),
+            key: entry.key(),
+            device: None,
             cached: false,
             verdict: None,
             sanitizer: vec![],
@@ -284,7 +293,7 @@ pub fn verify(
         .next()
         .and_then(|(_, e)| e.ceilings(false).ok());
     let mut outcomes: Vec<Option<VerifyOutcome>> = Vec::new();
-    let mut work: Vec<(usize, &Kernel, &str, &UsableVariant)> = Vec::new();
+    let mut work: Vec<(usize, &Kernel, &LockEntry, &UsableVariant)> = Vec::new();
     for k in g
         .kernels
         .iter()
@@ -292,23 +301,33 @@ pub fn verify(
     {
         for e in &k.state.entries {
             let Ok(usable) = &e.status else { continue };
-            if e.entry.arch != arch {
+            // A device-keyed entry runs on its device only: verified where every GPU of
+            // the pool is that device.
+            let other = e.entry.device.as_ref().and_then(|d| {
+                devices
+                    .iter()
+                    .find(|x| x.name != *d)
+                    .map(|x| x.name.clone())
+            });
+            if e.entry.arch != arch || other.is_some() {
+                let here = other.unwrap_or_else(|| arch.clone());
                 outcomes.push(Some(VerifyOutcome {
                     skipped: Some(format!(
-                        "accepted for {}, this device is {arch}",
-                        e.entry.arch
+                        "accepted for {} only, this device is {here}",
+                        e.entry.key()
                     )),
-                    ..VerifyOutcome::new(k, &e.entry.variant, &e.entry.arch)
+                    ..VerifyOutcome::new(k, &e.entry)
                 }));
             } else {
-                work.push((outcomes.len(), k, &e.entry.variant, usable));
+                work.push((outcomes.len(), k, &e.entry, usable));
                 outcomes.push(None);
             }
         }
     }
     let done = pool.try_map(
         &work,
-        |slot, (_, k, variant, usable)| {
+        |slot, (_, k, entry, usable)| {
+            let variant = &entry.variant;
             let ceilings = slot.engine.ceilings(false).ok();
             let mut judge = Judge::new(ceilings);
             judge.threshold = settings.threshold;
@@ -316,8 +335,9 @@ pub fn verify(
                 device: slot.ordinal,
                 ..settings.clone()
             };
-            let mut o = VerifyOutcome::new(k, variant, &arch);
+            let mut o = VerifyOutcome::new(k, entry);
             o.gpu = Some(slot.ordinal);
+            o.device = slot.engine.device().ok().map(|d| d.name);
             (slot.progress)(&format!("{}/{variant}", k.spec.name));
             let job = job(
                 g,
@@ -390,13 +410,15 @@ pub fn bench(
         let mut groups: Vec<(String, KernelVersion, Vec<String>)> = Vec::new();
         for s in &k.spec.shapes {
             let args = k.spec.shape_args(s);
-            let (id, v) = match selection::select(&k.state, &k.spec, &device.arch, &args) {
-                Some((e, u)) => (e.variant.clone(), version(u)),
-                None => (
-                    "reference".to_string(),
-                    KernelVersion::reference(&k.spec, &k.reference.text),
-                ),
-            };
+            let (id, v) =
+                match selection::select(&k.state, &k.spec, &device.arch, Some(&device.name), &args)
+                {
+                    Some((e, u)) => (e.variant.clone(), version(u)),
+                    None => (
+                        "reference".to_string(),
+                        KernelVersion::reference(&k.spec, &k.reference.text),
+                    ),
+                };
             let label = kopt_spec::spec::shape_label(s);
             match groups.iter_mut().find(|(gid, _, _)| *gid == id) {
                 Some(gr) => gr.2.push(label),

@@ -27,6 +27,8 @@ pub struct EngineFigures {
     pub geometry: Option<Geometry>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<Timing>,
+    /// Whether every numeric check of the version against the reference passed.
+    pub checks_passed: bool,
     /// Ideal bytes over the median time, % of the measured copy bandwidth.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_bandwidth_pct: Option<f64>,
@@ -37,8 +39,6 @@ pub struct EngineFigures {
     pub attributes: Option<FunctionAttributes>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub occupancy: Option<Occupancy>,
-    /// Whether every numeric check of the version against the reference passed.
-    pub checks_passed: bool,
     /// What went wrong in the evaluation (failed checks, a fault), verbatim.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,

@@ -181,7 +181,7 @@ pub fn generate(
                 &kopt,
                 spec,
                 &entry.variant,
-                Some(&entry.arch),
+                Some((&entry.arch, entry.device.as_deref())),
                 u.region
                     .as_ref()
                     .map(|r| (entry.region.clone().unwrap_or_default(), r)),
@@ -314,7 +314,7 @@ fn variant_def(
     kopt: &TokenStream,
     spec: &KernelSpec,
     id: &str,
-    arch: Option<&str>,
+    key: Option<(&str, Option<&str>)>,
     region: Option<(String, &crate::expr::Expr)>,
     source: &str,
     entry: &str,
@@ -342,14 +342,16 @@ fn variant_def(
     };
     // The reference runs every shape; a variant only where its region and the constraints
     // that depend on its build hold.
-    let applies = match arch {
+    let applies = match key {
         None => None,
         Some(_) => spec.variant_applies(region.as_ref().map(|(t, e)| (t.as_str(), *e)), defines),
     };
-    let arch = match arch {
+    let some = |v: Option<&str>| match v {
         Some(a) => quote!(::core::option::Option::Some(#a)),
         None => quote!(::core::option::Option::None),
     };
+    let arch = some(key.map(|(a, _)| a));
+    let device = some(key.and_then(|(_, d)| d));
     let region = match applies {
         Some((text, e)) => {
             let prog = ops_tokens(kopt, &spec.compile_expr(&e, defines).expect("checked"));
@@ -361,6 +363,7 @@ fn variant_def(
         #kopt::VariantDef {
             id: #id,
             arch: #arch,
+            device: #device,
             region: #region,
             source: #source,
             entry: #entry,

@@ -12,8 +12,9 @@
 //!     <variant>/RATIONALE.md    the same facts, rendered for a reviewer
 //! ```
 //!
-//! Every format carries `format = 1`; fields are written in a fixed order, lists in a
-//! defined order, so that diffs show only what changed.
+//! Every format carries its version (`format = 1`; the lock is at [`LOCK_FORMAT`]); fields
+//! are written in a fixed order, lists in a defined order, so that diffs show only what
+//! changed.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -24,8 +25,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::spec::{LaunchRule, Number};
 
-/// The version of every file format this crate reads and writes.
+/// The version of the variant, rationale and pending files this crate reads and writes.
 pub const FORMAT: u32 = 1;
+
+/// The version of `kopt.lock` this crate writes. Format 2 added entries keyed by a
+/// device (`device = "NVIDIA H200"`); format 1 locks, whose entries are all keyed by their
+/// architecture alone, are read as they are and rewritten as format 2.
+pub const LOCK_FORMAT: u32 = 2;
 
 pub const LOCK_FILE: &str = "kopt.lock";
 pub const SOURCE_FILE: &str = "kernel.cu";
@@ -61,12 +67,18 @@ pub enum VerifiedBy {
     Manual,
 }
 
-/// One accepted variant for one architecture. Within an architecture, entries are tried
-/// in file order: the first whose region holds for the launch's arguments runs.
+/// One accepted variant for one architecture, or for one device of it. On a device, its
+/// architecture's entries that name that device are tried first, then those that name no
+/// device, each group in file order: the first whose region holds for the launch's
+/// arguments runs, else the reference.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockEntry {
     /// `sm_90` for compute capability 9.0.
     pub arch: String,
+    /// The device it was verified for (the driver's name, `NVIDIA H200`); absent: every
+    /// device of the architecture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     pub variant: String,
     /// A condition over the scalar arguments; absent means every shape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,30 +103,45 @@ pub struct LockFile {
 }
 
 const LOCK_HEADER: &str = "\
-# kopt lock file: the accepted variant of this kernel for each GPU architecture, and the
-# hashes it was verified against. Written by `cargo kopt`; change it with
-# `cargo kopt review`, `accept`, `revert` or `pin`, not by hand. A hash that no longer
-# matches makes the build fall back to the reference kernel and `cargo kopt check` fail.
+# kopt lock file: the accepted variants of this kernel for each GPU architecture (or
+# device), the shapes each runs on, and the hashes it was verified against. Written by
+# `cargo kopt`; change it with `cargo kopt review`, `accept`, `revert` or `pin`, not by
+# hand. A hash that no longer matches makes the build fall back to the reference kernel
+# and `cargo kopt check` fail.
 ";
 
 impl LockFile {
     pub fn new(kernel: &str) -> Self {
         LockFile {
-            format: FORMAT,
+            format: LOCK_FORMAT,
             kernel: kernel.to_string(),
             accepted: Vec::new(),
         }
     }
 
+    /// Reads a lock of format 1 or 2. A format 1 lock cannot key an entry by device: one
+    /// that does was not written by kopt, and is refused rather than read as if every
+    /// device of the architecture were meant.
     pub fn parse(text: &str) -> Result<Self, String> {
-        check_format(text)?;
-        toml::from_str(text).map_err(|e| e.to_string())
+        let format = read_format(text, &[1, LOCK_FORMAT])?;
+        let mut lock: LockFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        if format == 1 {
+            if let Some(e) = lock.accepted.iter().find(|e| e.device.is_some()) {
+                return Err(format!(
+                    "entry `{}` names a device, which a format 1 lock cannot (devices came with format {LOCK_FORMAT}); restore the file from version control",
+                    e.variant
+                ));
+            }
+        }
+        lock.format = LOCK_FORMAT;
+        Ok(lock)
     }
 
     /// Entries sorted by architecture; within one architecture, order is kept (it is the
     /// order regions are tried in).
     pub fn render(&self) -> String {
         let mut sorted = self.clone();
+        sorted.format = LOCK_FORMAT;
         sorted.accepted.sort_by_key(|e| arch_key(&e.arch));
         format!(
             "{LOCK_HEADER}{}",
@@ -122,8 +149,40 @@ impl LockFile {
         )
     }
 
+    /// Every entry of an architecture, device-keyed or not, in file order.
     pub fn entries_for<'a>(&'a self, arch: &'a str) -> impl Iterator<Item = &'a LockEntry> + 'a {
         self.accepted.iter().filter(move |e| e.arch == arch)
+    }
+
+    /// The entries of one key (an architecture, and a device or none), in file order:
+    /// those an accept for that key places itself among.
+    pub fn entries_keyed<'a>(
+        &'a self,
+        arch: &'a str,
+        device: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a LockEntry> + 'a {
+        self.accepted
+            .iter()
+            .filter(move |e| e.arch == arch && e.device.as_deref() == device)
+    }
+}
+
+impl LockEntry {
+    /// `sm_90`, or `NVIDIA H200 (sm_90)` for a device-keyed entry.
+    pub fn key(&self) -> String {
+        match &self.device {
+            Some(d) => format!("{d} ({})", self.arch),
+            None => self.arch.clone(),
+        }
+    }
+
+    /// Whether it may run on a device of `arch` named `device`.
+    pub fn runs_on(&self, arch: &str, device: Option<&str>) -> bool {
+        self.arch == arch
+            && match &self.device {
+                None => true,
+                Some(d) => device == Some(d.as_str()),
+            }
     }
 }
 
@@ -153,15 +212,25 @@ pub fn arch_name(major: u32, minor: u32) -> String {
 }
 
 fn check_format(text: &str) -> Result<(), String> {
+    read_format(text, &[FORMAT]).map(|_| ())
+}
+
+/// The file's `format`, if it is one of `known`.
+fn read_format(text: &str, known: &[u32]) -> Result<u32, String> {
     #[derive(Deserialize)]
     struct Probe {
         format: Option<u32>,
     }
     let probe: Probe = toml::from_str(text).map_err(|e| e.to_string())?;
+    let reads = known
+        .iter()
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join(" and ");
     match probe.format {
-        Some(FORMAT) => Ok(()),
+        Some(v) if known.contains(&v) => Ok(v),
         Some(v) => Err(format!(
-            "format {v} is not supported by this kopt (it reads format {FORMAT}); upgrade cargo-kopt and the kopt crate together"
+            "format {v} is not supported by this kopt (it reads format {reads}); upgrade cargo-kopt and the kopt crate together"
         )),
         None => Err("no `format` field: not a kopt file".into()),
     }
@@ -342,6 +411,10 @@ pub struct Claim {
     /// The condition over the scalar arguments where it runs; absent means every shape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    /// The device it was accepted for, when it was keyed by device; absent: its
+    /// architecture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     pub verified_by: VerifiedBy,
     /// Hash of the amalgamated reference source at verification.
     pub reference_hash: String,
@@ -541,6 +614,15 @@ impl Provenance {
     /// Whether the evidence was measured on kopt's fake device (see [`is_fake_device`]).
     pub fn from_fake_device(&self) -> bool {
         is_fake_device(&self.device)
+    }
+
+    /// The device's name as the driver gives it (`NVIDIA H200`): `device` without the
+    /// ` (sm_90)` that kopt appends for `arch`.
+    pub fn device_name(&self, arch: &str) -> &str {
+        self.device
+            .strip_suffix(&format!(" ({arch})"))
+            .unwrap_or(&self.device)
+            .trim()
     }
 }
 
@@ -936,6 +1018,7 @@ mod tests {
     fn claim(source: Option<&str>, variant: Option<&str>) -> Claim {
         Claim {
             region: None,
+            device: None,
             verified_by: VerifiedBy::Kopt,
             reference_hash: "sha256:r".into(),
             spec_hash: "sha256:s".into(),

@@ -64,15 +64,21 @@ pub struct KernelState {
 }
 
 impl KernelState {
-    /// The entries that may run on `arch`, in the order they are tried.
+    /// The entries that may run on a device of `arch` named `device` (`None`: a device
+    /// kopt does not know by name), in the order they are tried: those keyed by that
+    /// device first, then those of the whole architecture, each in lock order.
     pub fn usable_for<'a>(
         &'a self,
         arch: &'a str,
+        device: Option<&'a str>,
     ) -> impl Iterator<Item = (&'a LockEntry, &'a UsableVariant)> + 'a {
-        self.entries
-            .iter()
-            .filter(move |e| e.entry.arch == arch)
-            .filter_map(|e| e.status.as_ref().ok().map(|u| (&e.entry, u)))
+        let usable = move |keyed: bool| {
+            self.entries
+                .iter()
+                .filter(move |e| e.entry.runs_on(arch, device) && e.entry.device.is_some() == keyed)
+                .filter_map(|e| e.status.as_ref().ok().map(|u| (&e.entry, u)))
+        };
+        usable(true).chain(usable(false))
     }
 
     /// Architectures named in the lock, sorted.
@@ -581,27 +587,197 @@ pub fn audit_variant_folders(crate_root: &Path, kernel: &str, state: &KernelStat
     out
 }
 
-/// Which lock entry (if any) runs for `arch` and `args`: the first usable one whose region
-/// and build-dependent constraints hold ([`KernelSpec::variant_applies`]), as the
-/// generated launcher decides. A predicate that cannot be evaluated counts as "no".
+/// Which lock entry (if any) runs on a device of `arch` named `device` for `args`: the
+/// first usable one, in [`KernelState::usable_for`]'s order, whose region and
+/// build-dependent constraints hold ([`applies`]), as the generated launcher decides.
 pub fn select<'a>(
     state: &'a KernelState,
     spec: &KernelSpec,
     arch: &'a str,
+    device: Option<&'a str>,
     args: &[i64],
 ) -> Option<(&'a LockEntry, &'a UsableVariant)> {
-    state.usable_for(arch).find(|(e, u)| {
-        let defines = &u.variant.defines;
-        let region = e.region.as_deref().unwrap_or_default();
-        match spec.variant_applies(u.region.as_ref().map(|r| (region, r)), defines) {
-            None => true,
-            Some((_, r)) => spec
-                .compile_expr(&r, defines)
-                .ok()
-                .and_then(|p| expr::eval(&p, args).ok())
-                .is_some_and(|v| v != 0),
+    state
+        .usable_for(arch, device)
+        .find(|(e, u)| applies(spec, e, u, args))
+}
+
+/// Whether a usable entry's variant runs for `args`: its region and the constraints that
+/// depend on its build ([`KernelSpec::variant_applies`]) hold. A predicate that cannot be
+/// evaluated counts as "no", as in the launcher.
+pub fn applies(spec: &KernelSpec, entry: &LockEntry, u: &UsableVariant, args: &[i64]) -> bool {
+    let defines = &u.variant.defines;
+    let region = entry.region.as_deref().unwrap_or_default();
+    match spec.variant_applies(u.region.as_ref().map(|r| (region, r)), defines) {
+        None => true,
+        Some((_, r)) => spec
+            .compile_expr(&r, defines)
+            .ok()
+            .and_then(|p| expr::eval(&p, args).ok())
+            .is_some_and(|v| v != 0),
+    }
+}
+
+/// A shape kopt knows a kernel by, for deciding which version runs where: declared, or
+/// one of the held-out shapes drawn whatever the seed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KnownShape {
+    pub label: String,
+    pub held_out: bool,
+    /// The scalar arguments, in declaration order.
+    pub args: Vec<i64>,
+}
+
+/// The declared shapes, then the seed-independent held-out shapes of the reference's
+/// build ([`crate::shapes::seed_independent_held_out_shapes`]): the same list on every
+/// machine, so a region map drawn over it is reproducible.
+pub fn known_shapes(spec: &KernelSpec) -> Vec<KnownShape> {
+    let declared = spec.shapes.iter().map(|s| KnownShape {
+        label: crate::spec::shape_label(s),
+        held_out: false,
+        args: spec.shape_args(s),
+    });
+    let held_out = crate::shapes::seed_independent_held_out_shapes(
+        spec,
+        &spec.default_defines(),
+        None,
+        crate::shapes::held_out_byte_cap(spec),
+    )
+    .into_iter()
+    .map(|c| KnownShape {
+        args: spec.value_args(&c.values),
+        label: c.label,
+        held_out: true,
+    });
+    declared.chain(held_out).collect()
+}
+
+/// Where a new entry goes among the entries of its key (its architecture, and its device
+/// or none) and which of them it replaces. It is tried before all of them, so it takes
+/// over every shape where it applies; an entry it replaces is one that would then never
+/// run on a known shape: it applies on at least one, and the new entry on all of those.
+/// An entry kopt cannot evaluate (stale or corrupt) is replaced when the new one applies
+/// everywhere or claims the same region text. Entries of other keys are untouched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The entries of the key it replaces, in lock order.
+    pub replaces: Vec<LockEntry>,
+}
+
+/// Plans placing `new` (whose variant is `usable`) into the lock `state` resolved.
+pub fn place(
+    state: &KernelState,
+    spec: &KernelSpec,
+    new: &LockEntry,
+    usable: &UsableVariant,
+    shapes: &[KnownShape],
+) -> Placement {
+    let new_runs: Vec<bool> = shapes
+        .iter()
+        .map(|s| applies(spec, new, usable, &s.args))
+        .collect();
+    let replaces = state
+        .entries
+        .iter()
+        .filter(|r| r.entry.arch == new.arch && r.entry.device == new.device)
+        .filter(|r| match &r.status {
+            Ok(u) => {
+                let mut runs = shapes
+                    .iter()
+                    .zip(&new_runs)
+                    .filter(|(s, _)| applies(spec, &r.entry, u, &s.args))
+                    .peekable();
+                runs.peek().is_some() && runs.all(|(_, covered)| *covered)
+            }
+            Err(_) => new.region.is_none() || new.region == r.entry.region,
+        })
+        .map(|r| r.entry.clone())
+        .collect();
+    Placement { replaces }
+}
+
+impl Placement {
+    /// The lock with the placement applied: the replaced entries removed and `new` put
+    /// before the remaining entries of its key, where the first of them or of the
+    /// replaced ones was (at the end when there were none).
+    pub fn apply(&self, lock: &mut LockFile, new: &LockEntry) {
+        let at = self.position(lock.accepted.iter(), new);
+        lock.accepted.retain(|e| !self.replaces.contains(e));
+        lock.accepted.insert(at, new.clone());
+    }
+
+    /// [`Placement::apply`] to a resolved state: what the build will resolve after it.
+    pub fn applied(
+        &self,
+        state: &KernelState,
+        new: &LockEntry,
+        usable: &UsableVariant,
+    ) -> KernelState {
+        let mut after = state.clone();
+        let at = self.position(after.entries.iter().map(|r| &r.entry), new);
+        after.entries.retain(|r| !self.replaces.contains(&r.entry));
+        after.entries.insert(
+            at,
+            ResolvedEntry {
+                entry: new.clone(),
+                status: Ok(usable.clone()),
+            },
+        );
+        after
+    }
+
+    /// Where `new` goes once the replaced entries are out of `entries`: at the first
+    /// entry of its key, counted among those that stay.
+    fn position<'a>(&self, entries: impl Iterator<Item = &'a LockEntry>, new: &LockEntry) -> usize {
+        let mut kept = 0;
+        for e in entries {
+            if e.arch == new.arch && e.device == new.device {
+                return kept;
+            }
+            if !self.replaces.contains(e) {
+                kept += 1;
+            }
         }
-    })
+        kept
+    }
+}
+
+/// Which version runs on each known shape, on a device of `arch` named `device`: for
+/// review, before and after an accept.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RegionRow {
+    pub shape: String,
+    pub held_out: bool,
+    /// `reference` or the variant's name.
+    pub before: String,
+    pub after: String,
+}
+
+/// The region map of `state` and of `state` with `new` placed (`placement`), over `shapes`,
+/// on a device of the new entry's architecture (and device, when it names one).
+pub fn region_map(
+    state: &KernelState,
+    spec: &KernelSpec,
+    new: (&LockEntry, &UsableVariant),
+    placement: &Placement,
+    shapes: &[KnownShape],
+) -> Vec<RegionRow> {
+    let (entry, usable) = new;
+    let after = placement.applied(state, entry, usable);
+    let device = entry.device.as_deref();
+    let runs = |state: &KernelState, args: &[i64]| {
+        select(state, spec, &entry.arch, device, args)
+            .map_or("reference".to_string(), |(e, _)| e.variant.clone())
+    };
+    shapes
+        .iter()
+        .map(|s| RegionRow {
+            shape: s.label.clone(),
+            held_out: s.held_out,
+            before: runs(state, &s.args),
+            after: runs(&after, &s.args),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -621,6 +797,7 @@ mod tests {
         let mut r = Rationale::skeleton("k", name, "sm_90");
         r.claim = claim.map(|hashes| Claim {
             region: None,
+            device: None,
             verified_by: VerifiedBy::Kopt,
             reference_hash: "sha256:r".into(),
             spec_hash: "sha256:s".into(),
@@ -637,6 +814,7 @@ mod tests {
         for v in lock_names {
             lock.accepted.push(LockEntry {
                 arch: "sm_90".into(),
+                device: None,
                 variant: v.to_string(),
                 region: None,
                 verified_by: VerifiedBy::Kopt,

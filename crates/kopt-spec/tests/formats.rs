@@ -40,6 +40,7 @@ fn spec_json_is_stable() {
 fn sample_lock() -> LockFile {
     let e = |arch: &str, variant: &str, region: Option<&str>| LockEntry {
         arch: arch.into(),
+        device: None,
         variant: variant.into(),
         region: region.map(Into::into),
         verified_by: VerifiedBy::Kopt,
@@ -48,14 +49,19 @@ fn sample_lock() -> LockFile {
         source_hash: "sha256:cccc".into(),
         variant_hash: "sha256:dddd".into(),
     };
+    let on_h200 = LockEntry {
+        device: Some("NVIDIA H200".into()),
+        ..e("sm_90", "h200-tma", Some("rows >= 4096"))
+    };
     LockFile {
-        format: FORMAT,
+        format: LOCK_FORMAT,
         kernel: "rmsnorm".into(),
         // Deliberately out of order: rendering sorts by architecture, keeping the order
         // of entries within one architecture.
         accepted: vec![
             e("sm_100", "blackwell-v1", None),
             e("sm_90", "wide-rows", Some("cols >= 8192")),
+            on_h200,
             e("sm_90", "vec8", Some("cols % 8 == 0")),
             e("sm_80", "ampere-v2", None),
         ],
@@ -67,6 +73,39 @@ fn lock_file_format() {
     let text = sample_lock().render();
     insta::assert_snapshot!(text);
     assert_eq!(LockFile::parse(&text).unwrap().render(), text, "round trip");
+}
+
+#[test]
+fn a_format_1_lock_is_read_and_rewritten_as_format_2() {
+    let text = sample_lock().render();
+    let device_line = "device = \"NVIDIA H200\"\n";
+    assert!(
+        text.contains("format = 2\n") && text.contains(device_line),
+        "{text}"
+    );
+    // Format 1: the same entries without the device-keyed one.
+    let mut old = sample_lock();
+    old.accepted.retain(|e| e.device.is_none());
+    let v1 = old.render().replace("format = 2\n", "format = 1\n");
+    let read = LockFile::parse(&v1).unwrap();
+    assert_eq!(read.accepted, {
+        let mut sorted = old.accepted.clone();
+        sorted.sort_by_key(|e| e.arch != "sm_80");
+        sorted.sort_by_key(|e| e.arch == "sm_100");
+        sorted
+    });
+    assert!(read.render().contains("format = 2\n"));
+    // A format 1 lock cannot name a device; a newer format is refused with the fix.
+    let err = LockFile::parse(&text.replace("format = 2\n", "format = 1\n")).unwrap_err();
+    assert!(
+        err.contains("entry `h200-tma` names a device, which a format 1 lock cannot"),
+        "{err}"
+    );
+    let err = LockFile::parse(&text.replace("format = 2\n", "format = 3\n")).unwrap_err();
+    assert_eq!(
+        err,
+        "format 3 is not supported by this kopt (it reads format 1 and 2); upgrade cargo-kopt and the kopt crate together"
+    );
 }
 
 #[test]
@@ -129,6 +168,7 @@ fn rationale_formats() {
         arch: "sm_90".into(),
         claim: Some(Claim {
             region: Some("cols % 8 == 0".into()),
+            device: None,
             verified_by: VerifiedBy::Kopt,
             reference_hash: "sha256:aaaa".into(),
             spec_hash: "sha256:bbbb".into(),

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use kopt_spec::files::{
     self, Claim, ClaimedFiles, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy,
 };
-use kopt_spec::selection::{self, Hashes, Unusable};
+use kopt_spec::selection::{self, Hashes, Placement, RegionRow, Unusable, UsableVariant};
 use kopt_spec::source::{self, Amalgamated};
 use kopt_spec::spec::KernelSpec;
 use serde::Serialize;
@@ -107,6 +107,27 @@ pub enum FolderAction {
     RefreshAudit,
 }
 
+/// How an accept names and keys the variant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AcceptAs<'a> {
+    /// Accept it under this name rather than its run's (`--as`).
+    pub name: Option<&'a str>,
+    /// Key the lock entry by the device the variant was measured on (its rationale's
+    /// `provenance.device`, the driver's name), not by its architecture alone
+    /// (`--device-specific`).
+    pub device_specific: bool,
+}
+
+impl<'a> AcceptAs<'a> {
+    /// Under another name, keyed by architecture.
+    pub fn named(name: &'a str) -> Self {
+        AcceptAs {
+            name: Some(name),
+            device_specific: false,
+        }
+    }
+}
+
 /// What accepting a pending variant will do, before it does it.
 #[derive(Debug, Clone, Serialize)]
 pub struct AcceptPlan {
@@ -115,7 +136,15 @@ pub struct AcceptPlan {
     /// The pending variant's own id, when it is accepted under another (`--as`).
     pub renamed_from: Option<String>,
     pub entry: LockEntry,
+    /// The entries of its key (architecture, and device if any) that would never run on
+    /// a known shape after it: they leave the lock.
     pub replaces: Vec<ReplacedVariant>,
+    /// The entries of its key that stay, behind it: they run where it does not apply.
+    pub keeps: Vec<String>,
+    /// Which version runs on each declared and held-out shape, before and after.
+    pub region_map: Vec<RegionRow>,
+    #[serde(skip)]
+    placement: Placement,
     pub folder: FolderAction,
     pub creates_lock: bool,
     /// Things a reviewer should know (e.g. it was measured against another variant than
@@ -163,8 +192,9 @@ pub fn plan_accept(
     t: &KernelTarget,
     kopt: &KoptDir,
     pending: &PendingVariant,
-    rename: Option<&str>,
+    how: AcceptAs,
 ) -> Result<AcceptPlan> {
+    let rename = how.name;
     pending.validate()?;
     let m = &pending.meta;
     let kernel = t.kernel();
@@ -218,8 +248,18 @@ pub fn plan_accept(
     // it, and can be re-activated later (`cargo kopt revert --to`) while the reference and
     // annotation it was verified against are still today's.
     let variant_text = p.variant.render();
+    let device = how
+        .device_specific
+        .then(|| p.rationale.provenance.device_name(&m.arch).to_string());
+    if device.as_deref().is_some_and(|d| d.trim().is_empty()) {
+        return Err(Error::Invalid(format!(
+            "pending variant `{}` of `{kernel}` records no device in its rationale's provenance, so it cannot be keyed by one; accept it for {} (without --device-specific)",
+            m.variant, m.arch
+        )));
+    }
     p.rationale.claim = Some(Claim {
         region: p.meta.region.clone(),
+        device: device.clone(),
         verified_by: p.meta.verified_by,
         reference_hash: p.meta.reference_hash.clone(),
         spec_hash: p.meta.spec_hash.clone(),
@@ -228,6 +268,7 @@ pub fn plan_accept(
     });
     let entry = LockEntry {
         arch: p.meta.arch.clone(),
+        device,
         variant: p.meta.variant.clone(),
         region: p.meta.region.clone(),
         verified_by: p.meta.verified_by,
@@ -270,12 +311,49 @@ pub fn plan_accept(
         .as_ref()
         .map(|l| l.entries_for(&entry.arch).cloned().collect())
         .unwrap_or_default();
-    let replaces: Vec<ReplacedVariant> = arch_entries
+    let (placement, region_map) = place(t, &state, &entry, &p.variant, &p.source)?;
+    let replaces: Vec<ReplacedVariant> = placement
+        .replaces
         .iter()
         .map(|e| replaced_variant(t, &state, e))
         .collect();
+    let keeps: Vec<String> = arch_entries
+        .iter()
+        .filter(|e| e.device == entry.device && !placement.replaces.contains(e))
+        .map(|e| e.variant.clone())
+        .collect();
     let mut notes = Vec::new();
-    let accepted_now = arch_entries.first();
+    if !keeps.is_empty() {
+        notes.push(format!(
+            "{} stay{} for {}, behind it: {} where `{}` does not apply",
+            keeps
+                .iter()
+                .map(|v| format!("`{v}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if keeps.len() == 1 { "s" } else { "" },
+            entry.key(),
+            if keeps.len() == 1 {
+                "it runs"
+            } else {
+                "they run"
+            },
+            entry.variant
+        ));
+    }
+    if entry.device.is_none() {
+        let keyed: Vec<String> = arch_entries
+            .iter()
+            .filter_map(|e| e.device.as_ref().map(|d| format!("`{}` on {d}", e.variant)))
+            .collect();
+        if !keyed.is_empty() {
+            notes.push(format!(
+                "entries keyed by device are tried before it on their device: {}",
+                keyed.join(", ")
+            ));
+        }
+    }
+    let accepted_now = arch_entries.iter().find(|e| e.device == entry.device);
     match (&p.meta.baseline, accepted_now) {
         (Some(b), Some(now)) if b.source_hash != now.source_hash => notes.push(format!(
             "it had to beat `{}`, but `{}` is accepted for {} now: it was never compared with the latter (`cargo kopt bench` after accepting, or `cargo kopt optimize` again)",
@@ -302,11 +380,40 @@ pub fn plan_accept(
         renamed_from,
         entry,
         replaces,
+        keeps,
+        region_map,
+        placement,
         folder,
         creates_lock: lock.is_none(),
         notes,
         arch_entries_when_planned: arch_entries,
     })
+}
+
+/// Where `entry` (of variant `variant` with `source`) goes in the lock `state` resolved,
+/// and the region map over the known shapes before and after.
+fn place(
+    t: &KernelTarget,
+    state: &selection::KernelState,
+    entry: &LockEntry,
+    variant: &VariantFile,
+    source: &str,
+) -> Result<(Placement, Vec<RegionRow>)> {
+    let region = entry
+        .region
+        .as_deref()
+        .map(|r| t.spec.parse_region(r))
+        .transpose()
+        .map_err(|e| Error::Invalid(format!("region of `{}`: {e}", entry.variant)))?;
+    let usable = UsableVariant {
+        variant: variant.clone(),
+        source: source.to_string(),
+        region,
+    };
+    let shapes = selection::known_shapes(t.spec);
+    let placement = selection::place(state, t.spec, entry, &usable, &shapes);
+    let map = selection::region_map(state, t.spec, (entry, &usable), &placement, &shapes);
+    Ok((placement, map))
 }
 
 /// Lays the variant and a lock holding only its entry out in a scratch crate and resolves
@@ -363,6 +470,10 @@ pub struct Accepted {
     pub package: String,
     pub kernel: String,
     pub arch: String,
+    /// The device the entry is keyed by, if any.
+    pub device: Option<String>,
+    /// `sm_90`, or `NVIDIA H200 (sm_90)`.
+    pub key: String,
     pub variant: String,
     pub region: Option<String>,
     /// The variant's folder and the lock, relative to the crate root.
@@ -454,8 +565,7 @@ pub fn apply_accept_until(
 
     // 2. The lock: the commit point.
     let mut lock = lock_before.unwrap_or_else(|| LockFile::new(t.kernel()));
-    lock.accepted.retain(|e| e.arch != plan.entry.arch);
-    lock.accepted.push(plan.entry.clone());
+    plan.placement.apply(&mut lock, &plan.entry);
     let lock_path = t.lock_path();
     files::write_atomic(&lock_path, lock.render().as_bytes()).map_err(io(&lock_path))?;
     if crash == Some(CrashPoint::AfterLock) {
@@ -487,6 +597,8 @@ pub fn apply_accept_until(
         package: m.package.clone(),
         kernel: m.kernel.clone(),
         arch: m.arch.clone(),
+        device: plan.entry.device.clone(),
+        key: plan.entry.key(),
         variant: plan.entry.variant.clone(),
         region: plan.entry.region.clone(),
         folder: t.rel(&vdir),
@@ -649,6 +761,7 @@ pub fn reactivate(
     }
     let entry = LockEntry {
         arch: arch.to_string(),
+        device: claim.device.clone(),
         variant: variant.to_string(),
         region: claim.region.clone(),
         verified_by: claim.verified_by,
@@ -662,19 +775,21 @@ pub fn reactivate(
     let lock = t.read_lock()?;
     let created = lock.is_none();
     let mut lock = lock.unwrap_or_else(|| LockFile::new(kernel));
-    let current: Vec<LockEntry> = lock.entries_for(arch).cloned().collect();
-    if current == [entry.clone()] {
+    let state = selection::resolve(t.crate_root, t.spec, t.hashes);
+    if lock.entries_keyed(arch, entry.device.as_deref()).next() == Some(&entry) {
         return Err(Error::Invalid(format!(
-            "`{variant}` is already the accepted variant of `{kernel}` for {arch}"
+            "`{variant}` is already the accepted variant of `{kernel}` for {}, tried first",
+            entry.key()
         )));
     }
-    let state = selection::resolve(t.crate_root, t.spec, t.hashes);
-    let replaced = current
+    let (placement, _) = place(t, &state, &entry, &v, &src)?;
+    let replaced = placement
+        .replaces
         .iter()
         .map(|e| replaced_variant(t, &state, e))
         .collect();
-    lock.accepted.retain(|e| e.arch != arch);
-    lock.accepted.push(entry.clone());
+    lock.accepted.retain(|e| *e != entry);
+    placement.apply(&mut lock, &entry);
     let lock_path = t.lock_path();
     files::write_atomic(&lock_path, lock.render().as_bytes()).map_err(io(&lock_path))?;
     if created {

@@ -119,6 +119,7 @@ mod tests {
         if claim {
             r.claim = Some(Claim {
                 region: None,
+                device: None,
                 verified_by: VerifiedBy::Kopt,
                 reference_hash: "sha256:r".into(),
                 spec_hash: "sha256:s".into(),
@@ -132,6 +133,7 @@ mod tests {
     fn entry(variant: &str) -> LockEntry {
         LockEntry {
             arch: "sm_90".into(),
+            device: None,
             variant: variant.into(),
             region: None,
             verified_by: VerifiedBy::Kopt,

@@ -4,7 +4,7 @@
 
 use similar::{ChangeTag, TextDiff};
 
-use crate::accept::{plan_accept, AcceptPlan, KernelTarget};
+use crate::accept::{plan_accept, AcceptAs, AcceptPlan, KernelTarget};
 use crate::layout::KoptDir;
 use crate::pending::PendingVariant;
 use crate::Error;
@@ -87,21 +87,21 @@ pub struct ReviewItem {
 
 /// Prepares the review of a pending variant for today's kernel.
 pub fn prepare(t: &KernelTarget, kopt: &KoptDir, pending: PendingVariant) -> ReviewItem {
-    let plan = plan_accept(t, kopt, &pending, None);
-    let replaced = plan
-        .as_ref()
-        .ok()
-        .and_then(|p| p.replaces.iter().find(|r| r.source.is_some()));
+    let plan = plan_accept(t, kopt, &pending, AcceptAs::default());
+    let displaced = plan.as_ref().ok().and_then(|p| displaced(t, p));
     let new_label = format!("pending `{}` kernel.cu", pending.meta.variant);
-    let diff = match replaced {
-        Some(r) => source_diff(
+    let diff = match displaced {
+        Some((variant, arch, source, replaced)) => source_diff(
             &format!(
-                "kopt/{}/{}/kernel.cu (accepted for {}, would be replaced)",
+                "kopt/{}/{variant}/kernel.cu (accepted for {arch}, {})",
                 t.kernel(),
-                r.entry.variant,
-                r.entry.arch
+                if replaced {
+                    "would be replaced"
+                } else {
+                    "runs there today"
+                }
             ),
-            r.source.as_deref().unwrap_or_default(),
+            &source,
             &new_label,
             &pending.source,
             3,
@@ -119,6 +119,38 @@ pub fn prepare(t: &KernelTarget, kopt: &KoptDir, pending: PendingVariant) -> Rev
         plan,
         diff,
     }
+}
+
+/// The accepted variant the pending one takes over from: the one that runs today on most
+/// of the shapes where it would run after the accept (ties: the first such shape's), with
+/// its architecture, its source and whether the accept removes it. `None`: the reference.
+fn displaced(t: &KernelTarget, plan: &AcceptPlan) -> Option<(String, String, String, bool)> {
+    let mine = &plan.entry.variant;
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for row in plan.region_map.iter().filter(|r| r.after == *mine) {
+        match counts.iter_mut().find(|(v, _)| *v == row.before) {
+            Some(c) => c.1 += 1,
+            None => counts.push((&row.before, 1)),
+        }
+    }
+    let most = counts.iter().max_by_key(|(_, n)| *n).map(|(v, _)| *v);
+    let variant = match most {
+        Some("reference") => return None,
+        Some(v) => v.to_string(),
+        // It runs on no known shape: show what it replaces, if anything.
+        None => plan.replaces.first()?.entry.variant.clone(),
+    };
+    let replaced = plan.replaces.iter().find(|r| r.entry.variant == variant);
+    let source = match replaced {
+        Some(r) => r.source.clone()?,
+        None => std::fs::read_to_string(
+            t.kernel_dir()
+                .join(&variant)
+                .join(kopt_spec::files::SOURCE_FILE),
+        )
+        .ok()?,
+    };
+    Some((variant, plan.entry.key(), source, replaced.is_some()))
 }
 
 #[cfg(test)]

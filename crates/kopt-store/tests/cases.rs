@@ -270,7 +270,9 @@ fn committed_variants_import_as_accepted_cases() {
     let f = common::Fixture::new();
     let t = f.target();
     let p = f.pending("v1", "run-1", "");
-    let plan = kopt_store::accept::plan_accept(&t, &f.kopt, &p, None).unwrap();
+    let plan =
+        kopt_store::accept::plan_accept(&t, &f.kopt, &p, kopt_store::accept::AcceptAs::default())
+            .unwrap();
     kopt_store::accept::apply_accept(&t, &f.kopt, &plan).unwrap();
     std::fs::write(f.path("kopt/softmax/v1/rationale.json"), "{}").unwrap();
     let (cases, skipped) =

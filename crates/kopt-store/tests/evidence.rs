@@ -22,6 +22,7 @@ fn sample() -> Evidence {
         arch: "sm_90".into(),
         claim: Some(Claim {
             region: Some("cols % 2 == 0 && cols <= 8192".into()),
+            device: None,
             verified_by: VerifiedBy::Kopt,
             reference_hash: "sha256:1111111111111111111111111111111111111111111111111111111111111111".into(),
             spec_hash: "sha256:2222222222222222222222222222222222222222222222222222222222222222".into(),

@@ -6,7 +6,7 @@ mod common;
 use common::Fixture;
 use kopt_spec::files::{self, LockFile, Rationale, VerifiedBy};
 use kopt_spec::selection;
-use kopt_store::accept::{self, CrashPoint, FolderAction};
+use kopt_store::accept::{self, AcceptAs, CrashPoint, FolderAction};
 use kopt_store::journal::{Decision, Event, Journal};
 use kopt_store::{pending, Error};
 
@@ -23,7 +23,7 @@ fn usable(f: &Fixture) -> Vec<String> {
     }
     assert!(state.problems.is_empty(), "{:?}", state.problems);
     state
-        .usable_for("sm_90")
+        .usable_for("sm_90", None)
         .map(|(e, _)| e.variant.clone())
         .collect()
 }
@@ -135,7 +135,7 @@ fn accept_writes_the_files_and_the_lock_and_replaces_with_notice() {
     let p = f.pending("vec4-a", "run-1", "");
     pending::save(&f.kopt, &p).unwrap();
     Journal::open_or_resume(&f.kopt, "run-1").unwrap();
-    let plan = accept::plan_accept(&t, &f.kopt, &p, None).unwrap();
+    let plan = accept::plan_accept(&t, &f.kopt, &p, AcceptAs::default()).unwrap();
     assert!(plan.creates_lock && plan.replaces.is_empty());
     assert_eq!(plan.folder, FolderAction::Create);
     let done = accept::apply_accept(&t, &f.kopt, &plan).unwrap();
@@ -176,7 +176,7 @@ fn accept_writes_the_files_and_the_lock_and_replaces_with_notice() {
 
     // A second winner replaces it, and the plan says so with the old source.
     let q = f.pending("vec4-b", "run-2", "// b\n");
-    let plan = accept::plan_accept(&t, &f.kopt, &q, None).unwrap();
+    let plan = accept::plan_accept(&t, &f.kopt, &q, AcceptAs::default()).unwrap();
     assert_eq!(plan.replaces.len(), 1);
     assert_eq!(plan.replaces[0].entry.variant, "vec4-a");
     assert_eq!(plan.replaces[0].status, "active");
@@ -207,7 +207,7 @@ fn a_stale_pending_variant_is_refused_with_how_to_reverify() {
     )
     .unwrap();
     f.refresh();
-    let err = accept::plan_accept(&f.target(), &f.kopt, &p, None).unwrap_err();
+    let err = accept::plan_accept(&f.target(), &f.kopt, &p, AcceptAs::default()).unwrap_err();
     assert!(matches!(err, Error::Stale(_)), "{err:?}");
     let msg = err.to_string();
     assert!(
@@ -231,18 +231,18 @@ fn a_taken_name_is_never_overwritten_and_as_renames() {
     accept::apply_accept(
         &t,
         &f.kopt,
-        &accept::plan_accept(&t, &f.kopt, &p, None).unwrap(),
+        &accept::plan_accept(&t, &f.kopt, &p, AcceptAs::default()).unwrap(),
     )
     .unwrap();
     let before = f.read("kopt/softmax/vec4/kernel.cu");
 
     let q = f.pending("vec4", "run-2", "// different code, same name\n");
-    let err = accept::plan_accept(&t, &f.kopt, &q, None).unwrap_err();
+    let err = accept::plan_accept(&t, &f.kopt, &q, AcceptAs::default()).unwrap_err();
     assert!(matches!(err, Error::Conflict(_)), "{err:?}");
     assert!(err.to_string().contains("--as vec4-2"), "{err}");
     assert_eq!(f.read("kopt/softmax/vec4/kernel.cu"), before);
 
-    let plan = accept::plan_accept(&t, &f.kopt, &q, Some("vec4-2")).unwrap();
+    let plan = accept::plan_accept(&t, &f.kopt, &q, AcceptAs::named("vec4-2")).unwrap();
     assert_eq!(plan.renamed_from.as_deref(), Some("vec4"));
     accept::apply_accept(&t, &f.kopt, &plan).unwrap();
     assert_eq!(usable(&f), ["vec4-2"]);
@@ -251,7 +251,7 @@ fn a_taken_name_is_never_overwritten_and_as_renames() {
 
     // The same code verified again refreshes only the audit files.
     let again = f.pending("vec4-2", "run-3", "// different code, same name\n");
-    let plan = accept::plan_accept(&t, &f.kopt, &again, None).unwrap();
+    let plan = accept::plan_accept(&t, &f.kopt, &again, AcceptAs::default()).unwrap();
     assert_eq!(plan.folder, FolderAction::RefreshAudit);
     accept::apply_accept(&t, &f.kopt, &plan).unwrap();
     assert_eq!(usable(&f), ["vec4-2"]);
@@ -262,7 +262,7 @@ fn the_build_could_not_use_it_so_accept_refuses() {
     let f = Fixture::new();
     let mut p = f.pending("bad-region", "run-1", "");
     p.meta.region = Some("colz % 4 == 0".into());
-    let err = accept::plan_accept(&f.target(), &f.kopt, &p, None)
+    let err = accept::plan_accept(&f.target(), &f.kopt, &p, AcceptAs::default())
         .unwrap_err()
         .to_string();
     assert!(
@@ -285,14 +285,14 @@ fn an_interrupted_accept_leaves_the_old_state_or_the_new_never_half() {
         accept::apply_accept(
             &t,
             &f.kopt,
-            &accept::plan_accept(&t, &f.kopt, &old, None).unwrap(),
+            &accept::plan_accept(&t, &f.kopt, &old, AcceptAs::default()).unwrap(),
         )
         .unwrap();
         let lock_before = f.read("kopt/softmax/kopt.lock");
         let new = f.pending("new", "run-1", "// new\n");
         pending::save(&f.kopt, &new).unwrap();
 
-        let plan = accept::plan_accept(&t, &f.kopt, &new, None).unwrap();
+        let plan = accept::plan_accept(&t, &f.kopt, &new, AcceptAs::default()).unwrap();
         let stopped = accept::apply_accept_until(&t, &f.kopt, &plan, Some(crash)).unwrap();
         assert!(stopped.is_none());
 
@@ -330,7 +330,7 @@ fn an_interrupted_accept_leaves_the_old_state_or_the_new_never_half() {
         // The pending variant is still there to accept again, which completes the job
         // and sweeps the litter away.
         let again = pending::load(&f.kopt, "fixture-kernels", "softmax", "sm_90").unwrap();
-        let plan = accept::plan_accept(&t, &f.kopt, &again, None).unwrap();
+        let plan = accept::plan_accept(&t, &f.kopt, &again, AcceptAs::default()).unwrap();
         accept::apply_accept(&t, &f.kopt, &plan).unwrap();
         assert_eq!(usable(&f), ["new"], "{crash:?}");
         assert!(
@@ -347,9 +347,9 @@ fn a_lock_changed_after_planning_is_not_overwritten() {
     let f = Fixture::new();
     let t = f.target();
     let a = f.pending("a", "run-1", "");
-    let plan_a = accept::plan_accept(&t, &f.kopt, &a, None).unwrap();
+    let plan_a = accept::plan_accept(&t, &f.kopt, &a, AcceptAs::default()).unwrap();
     let b = f.pending("b", "run-2", "// b\n");
-    let plan_b = accept::plan_accept(&t, &f.kopt, &b, None).unwrap();
+    let plan_b = accept::plan_accept(&t, &f.kopt, &b, AcceptAs::default()).unwrap();
     accept::apply_accept(&t, &f.kopt, &plan_b).unwrap();
     let err = accept::apply_accept(&t, &f.kopt, &plan_a).unwrap_err();
     assert!(matches!(err, Error::Conflict(_)), "{err:?}");
@@ -386,7 +386,7 @@ fn reactivation_needs_current_hashes() {
             accept::apply_accept(
                 &t,
                 &f.kopt,
-                &accept::plan_accept(&t, &f.kopt, &p, None).unwrap(),
+                &accept::plan_accept(&t, &f.kopt, &p, AcceptAs::default()).unwrap(),
             )
             .unwrap();
         }
@@ -452,7 +452,7 @@ fn evidence_from_the_fake_device_is_never_accepted() {
     p.rationale.provenance.device = format!("{} (sm_90)", files::FAKE_DEVICE_NAME);
     // It may wait for review (the loop's tests run on the fake device), but not be accepted.
     pending::save(&f.kopt, &p).unwrap();
-    let err = accept::plan_accept(&f.target(), &f.kopt, &p, None)
+    let err = accept::plan_accept(&f.target(), &f.kopt, &p, AcceptAs::default())
         .unwrap_err()
         .to_string();
     assert!(
@@ -475,7 +475,7 @@ fn an_accepted_claim_records_the_files_and_an_edit_stops_reactivation() {
         accept::apply_accept(
             &t,
             &f.kopt,
-            &accept::plan_accept(&t, &f.kopt, &p, None).unwrap(),
+            &accept::plan_accept(&t, &f.kopt, &p, AcceptAs::default()).unwrap(),
         )
         .unwrap();
     }
@@ -549,4 +549,178 @@ fn an_accepted_claim_records_the_files_and_an_edit_stops_reactivation() {
     std::fs::write(&path, full.to_json()).unwrap();
     accept::reactivate(&t, &f.kopt, "a", None).unwrap();
     assert_eq!(usable(&f), ["a"]);
+}
+
+/// The variants of the lock in order, with their regions and devices.
+fn lock_entries(f: &Fixture) -> Vec<(String, Option<String>, Option<String>)> {
+    LockFile::parse(&f.read("kopt/softmax/kopt.lock"))
+        .unwrap()
+        .accepted
+        .into_iter()
+        .map(|e| (e.variant, e.region, e.device))
+        .collect()
+}
+
+fn accept_now(f: &Fixture, p: &pending::PendingVariant, how: AcceptAs) -> accept::AcceptPlan {
+    let t = f.target();
+    let plan = accept::plan_accept(&t, &f.kopt, p, how).unwrap();
+    accept::apply_accept(&t, &f.kopt, &plan).unwrap();
+    plan
+}
+
+fn owned(
+    v: &str,
+    region: Option<&str>,
+    device: Option<&str>,
+) -> (String, Option<String>, Option<String>) {
+    (v.into(), region.map(Into::into), device.map(Into::into))
+}
+
+#[test]
+fn an_accept_for_a_region_replaces_only_the_entries_it_covers() {
+    let f = Fixture::new();
+    let mut a = f.pending("a", "run-1", "");
+    a.meta.region = None;
+    accept_now(&f, &a, AcceptAs::default());
+
+    // `b` wins where cols <= 4096 only: `a` stays behind it for the other shapes.
+    let mut b = f.pending("b", "run-2", "// b\n");
+    b.meta.region = Some("cols <= 4096".into());
+    let plan = accept_now(&f, &b, AcceptAs::default());
+    assert!(plan.replaces.is_empty(), "{:?}", plan.replaces);
+    assert_eq!(plan.keeps, ["a"]);
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("`a` stays for sm_90, behind it: it runs where `b` does not apply")),
+        "{:?}",
+        plan.notes
+    );
+    let map: Vec<(&str, &str, &str)> = plan
+        .region_map
+        .iter()
+        .filter(|r| !r.held_out)
+        .map(|r| (r.shape.as_str(), r.before.as_str(), r.after.as_str()))
+        .collect();
+    assert_eq!(
+        map,
+        [
+            ("cols=4096 rows=4096", "a", "b"),
+            ("cols=65536 rows=16", "a", "a"),
+            ("cols=1024 rows=32768", "a", "b"),
+            ("cols=50257 rows=8", "a", "a"),
+        ]
+    );
+    // The held-out shapes are in the map too, each on the side of the region it falls.
+    let held_out: Vec<_> = plan.region_map.iter().filter(|r| r.held_out).collect();
+    assert!(!held_out.is_empty());
+    for r in held_out {
+        let cols: i64 = r
+            .shape
+            .split("cols=")
+            .nth(1)
+            .unwrap()
+            .split([' ', '/'])
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(r.after, if cols <= 4096 { "b" } else { "a" }, "{r:?}");
+    }
+    assert_eq!(
+        lock_entries(&f),
+        [
+            owned("b", Some("cols <= 4096"), None),
+            owned("a", None, None)
+        ]
+    );
+    // The build's choice agrees with the map.
+    let state = selection::resolve(&f.crate_root, &f.spec, &f.hashes);
+    let runs = |rows: i64, cols: i64| {
+        selection::select(&state, &f.spec, "sm_90", None, &[rows, cols])
+            .map(|(e, _)| e.variant.clone())
+    };
+    assert_eq!(runs(4096, 4096).as_deref(), Some("b"));
+    assert_eq!(runs(16, 65536).as_deref(), Some("a"));
+
+    // `c` runs on every shape where `a` and `b` run: both leave the lock.
+    let mut c = f.pending("c", "run-3", "// c\n");
+    c.meta.region = Some("cols >= 1".into());
+    let plan = accept_now(&f, &c, AcceptAs::default());
+    let replaced: Vec<&str> = plan
+        .replaces
+        .iter()
+        .map(|r| r.entry.variant.as_str())
+        .collect();
+    assert_eq!(replaced, ["b", "a"]);
+    assert!(plan.keeps.is_empty());
+    assert_eq!(lock_entries(&f), [owned("c", Some("cols >= 1"), None)]);
+}
+
+#[test]
+fn a_device_specific_accept_is_keyed_by_the_device_and_leaves_the_architecture_alone() {
+    let f = Fixture::new();
+    let mut a = f.pending("a", "run-1", "");
+    a.meta.region = None;
+    accept_now(&f, &a, AcceptAs::default());
+    let mut d = f.pending("d", "run-2", "// d\n");
+    d.meta.region = None;
+    let how = AcceptAs {
+        name: None,
+        device_specific: true,
+    };
+    let plan = accept_now(&f, &d, how);
+    assert!(plan.replaces.is_empty(), "another key: {:?}", plan.replaces);
+    assert_eq!(plan.entry.key(), "NVIDIA H200 (sm_90)");
+    assert!(plan
+        .region_map
+        .iter()
+        .all(|r| r.before == "a" && r.after == "d"));
+    assert_eq!(
+        lock_entries(&f),
+        [
+            owned("a", None, None),
+            owned("d", None, Some("NVIDIA H200"))
+        ]
+    );
+    let text = f.read("kopt/softmax/kopt.lock");
+    assert!(text.contains("format = 2"), "{text}");
+    let claim = Rationale::parse(&f.read("kopt/softmax/d/rationale.json"))
+        .unwrap()
+        .claim
+        .unwrap();
+    assert_eq!(claim.device.as_deref(), Some("NVIDIA H200"));
+    // The H200 runs `d`; another sm_90 device runs `a`.
+    let state = selection::resolve(&f.crate_root, &f.spec, &f.hashes);
+    let runs = |device| {
+        selection::select(&state, &f.spec, "sm_90", device, &[4096, 4096])
+            .map(|(e, _)| e.variant.clone())
+    };
+    assert_eq!(runs(Some("NVIDIA H200")).as_deref(), Some("d"));
+    assert_eq!(runs(Some("NVIDIA H100 80GB HBM3")).as_deref(), Some("a"));
+    assert_eq!(runs(None).as_deref(), Some("a"));
+    // A later arch-wide accept replaces `a`, not the device's entry, and says it comes second there.
+    let mut e = f.pending("e", "run-3", "// e\n");
+    e.meta.region = None;
+    let plan = accept_now(&f, &e, AcceptAs::default());
+    let replaced: Vec<&str> = plan
+        .replaces
+        .iter()
+        .map(|r| r.entry.variant.as_str())
+        .collect();
+    assert_eq!(replaced, ["a"]);
+    assert!(
+        plan.notes.iter().any(|n| n.contains(
+            "entries keyed by device are tried before it on their device: `d` on NVIDIA H200"
+        )),
+        "{:?}",
+        plan.notes
+    );
+    assert_eq!(
+        lock_entries(&f),
+        [
+            owned("e", None, None),
+            owned("d", None, Some("NVIDIA H200"))
+        ]
+    );
 }

@@ -31,6 +31,11 @@ pub struct ListedKernel {
 #[derive(Debug, Serialize)]
 pub struct ListedVariant {
     pub arch: String,
+    /// The device the entry is keyed by, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// `sm_90`, or `NVIDIA H200 (sm_90)`.
+    pub key: String,
     pub variant: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
@@ -80,6 +85,8 @@ pub fn list(g: &Gathered) -> Vec<ListedKernel> {
                     };
                     ListedVariant {
                         arch: e.entry.arch.clone(),
+                        device: e.entry.device.clone(),
+                        key: e.entry.key(),
                         variant: e.entry.variant.clone(),
                         region: e.entry.region.clone(),
                         status,
@@ -230,7 +237,18 @@ fn touch_reference(k: &Kernel) {
 /// "manual"`; records the person's claim, with the hashes of the variant's files, in
 /// rationale.json (unless it holds kopt's claim for these very files) and renders
 /// RATIONALE.md from it.
-pub fn pin(k: &Kernel, variant: &str, arch: &str, region: Option<&str>) -> Result<Edit, EditError> {
+pub fn pin(
+    k: &Kernel,
+    variant: &str,
+    arch: &str,
+    device: Option<&str>,
+    region: Option<&str>,
+) -> Result<Edit, EditError> {
+    if device.is_some_and(|d| d.trim().is_empty()) {
+        return Err(EditError::Invalid(
+            "--device needs the device's name as the driver gives it (`NVIDIA H200`; `cargo kopt devices` lists them)".into(),
+        ));
+    }
     if files::parse_arch(arch).is_none() {
         return Err(EditError::Invalid(format!(
             "`{arch}` is not an architecture name; write e.g. `sm_90`"
@@ -314,6 +332,7 @@ pub fn pin(k: &Kernel, variant: &str, arch: &str, region: Option<&str>) -> Resul
     if !kept {
         let claim = Claim {
             region: region.map(str::to_string),
+            device: device.map(str::to_string),
             verified_by: VerifiedBy::Manual,
             reference_hash: k.hashes.reference.clone(),
             spec_hash: k.hashes.spec.clone(),
@@ -332,6 +351,7 @@ pub fn pin(k: &Kernel, variant: &str, arch: &str, region: Option<&str>) -> Resul
     )?;
     let entry = LockEntry {
         arch: arch.to_string(),
+        device: device.map(str::to_string),
         variant: variant.to_string(),
         region: region.map(str::to_string),
         verified_by: VerifiedBy::Manual,
@@ -340,18 +360,19 @@ pub fn pin(k: &Kernel, variant: &str, arch: &str, region: Option<&str>) -> Resul
         source_hash: source::hash(src.as_bytes()),
         variant_hash: source::hash(vtext.as_bytes()),
     };
+    let key = entry.key();
     let summary = match lock
         .accepted
         .iter_mut()
-        .find(|e| e.arch == arch && e.variant == variant)
+        .find(|e| e.arch == arch && e.device.as_deref() == device && e.variant == variant)
     {
         Some(e) => {
             *e = entry;
-            format!("re-pinned `{variant}` for {arch}")
+            format!("re-pinned `{variant}` for {key}")
         }
         None => {
             lock.accepted.push(entry);
-            format!("pinned `{variant}` for {arch}")
+            format!("pinned `{variant}` for {key}")
         }
     };
     let path = k.state.dir.join(files::LOCK_FILE);

@@ -90,26 +90,28 @@ pub fn pending_report(g: &Gathered) -> PendingReport {
                     )),
                     Vec::new(),
                 ),
-                Some(k) => match accept::plan_accept(&target(k), &kopt, p, None) {
-                    Ok(plan) => (
-                        "ready",
-                        None,
-                        plan.replaces
-                            .iter()
-                            .map(|r| r.entry.variant.clone())
-                            .collect(),
-                    ),
-                    Err(e) => (
-                        match e {
-                            _ if p.rationale.provenance.from_fake_device() => "fake-device",
-                            kopt_store::Error::Stale(_) => "stale",
-                            kopt_store::Error::Conflict(_) => "conflict",
-                            _ => "invalid",
-                        },
-                        Some(e.to_string()),
-                        Vec::new(),
-                    ),
-                },
+                Some(k) => {
+                    match accept::plan_accept(&target(k), &kopt, p, accept::AcceptAs::default()) {
+                        Ok(plan) => (
+                            "ready",
+                            None,
+                            plan.replaces
+                                .iter()
+                                .map(|r| r.entry.variant.clone())
+                                .collect(),
+                        ),
+                        Err(e) => (
+                            match e {
+                                _ if p.rationale.provenance.from_fake_device() => "fake-device",
+                                kopt_store::Error::Stale(_) => "stale",
+                                kopt_store::Error::Conflict(_) => "conflict",
+                                _ => "invalid",
+                            },
+                            Some(e.to_string()),
+                            Vec::new(),
+                        ),
+                    }
+                }
             };
             PendingRow {
                 package: p.meta.package.clone(),
@@ -210,10 +212,10 @@ pub struct AcceptReport {
 pub fn accept_pending(
     g: &Gathered,
     chosen: &[PendingVariant],
-    rename: Option<&str>,
+    how: accept::AcceptAs,
     mut lib: Option<&mut CaseLibrary>,
 ) -> Result<Vec<AcceptReport>, StoreCmdError> {
-    if rename.is_some() && chosen.len() > 1 {
+    if how.name.is_some() && chosen.len() > 1 {
         return Err(StoreCmdError::Usage(
             "--as names one variant: choose one KERNEL and --arch".into(),
         ));
@@ -230,7 +232,7 @@ pub fn accept_pending(
             ))
         })?;
         let t = target(k);
-        let plan = accept::plan_accept(&t, &kopt, p, rename)?;
+        let plan = accept::plan_accept(&t, &kopt, p, how)?;
         let replaced = plan.replaces.iter().map(describe_replaced).collect();
         let accepted = accept::apply_accept(&t, &kopt, &plan)?;
         let case = lib

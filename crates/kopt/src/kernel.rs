@@ -34,6 +34,9 @@ pub struct VariantDef {
     pub id: &'static str,
     /// The architecture the variant was accepted for (`None` for the reference).
     pub arch: Option<&'static str>,
+    /// The device it was accepted for (`NVIDIA H200`), when its lock entry names one:
+    /// it then runs on that device only, tried before the architecture's variants.
+    pub device: Option<&'static str>,
     pub region: Option<RegionDef>,
     /// The self-contained CUDA C++ source.
     pub source: &'static str,
@@ -104,10 +107,15 @@ struct Slot {
 /// The compiled functions of one kernel in one context.
 struct Loaded {
     arch: String,
+    /// The device's name, as the driver gives it.
+    device: String,
     reference: CudaFunction,
     /// Aligned with `def.variants`: the function where the variant is for this
-    /// architecture and compiled, else `None`.
+    /// architecture (and this device, if it names one) and compiled, else `None`.
     variants: Vec<Option<CudaFunction>>,
+    /// Indices into `def.variants` in the order they are tried here: those keyed by
+    /// this device, then the architecture's, each in lock order.
+    order: Vec<usize>,
     /// Variants for this architecture that failed to compile or load here.
     failures: Vec<(&'static str, String)>,
 }
@@ -327,7 +335,8 @@ impl Kernel {
         args: &[i64],
     ) -> (Option<usize>, &'a VariantDef, &'a CudaFunction) {
         if !disabled() {
-            for (i, (def, f)) in self.def.variants.iter().zip(&loaded.variants).enumerate() {
+            for &i in &loaded.order {
+                let (def, f) = (&self.def.variants[i], &loaded.variants[i]);
                 let Some(f) = f else { continue };
                 if region_holds(def, args) {
                     return (Some(i), def, f);
@@ -378,11 +387,14 @@ impl Kernel {
         let ctx = stream.context();
         let (major, minor) = ctx.compute_capability().map_err(Error::driver)?;
         let arch = kopt_spec::files::arch_name(major as u32, minor as u32);
+        // A device whose name the driver cannot give runs its architecture's variants.
+        let device = ctx.name().unwrap_or_default();
         let reference = compile::load(ctx, self.def.name, &self.def.reference, (major, minor))?;
         let mut variants = Vec::with_capacity(self.def.variants.len());
         let mut failures = Vec::new();
-        for v in self.def.variants {
-            if v.arch != Some(arch.as_str()) || disabled() {
+        let order = try_order(self.def.variants, &arch, &device);
+        for (i, v) in self.def.variants.iter().enumerate() {
+            if !order.contains(&i) || disabled() {
                 variants.push(None);
                 continue;
             }
@@ -398,28 +410,38 @@ impl Kernel {
         }
         Ok(Loaded {
             arch,
+            device,
             reference,
             variants,
+            order,
             failures,
         })
     }
 
     /// Which version would run on architecture `arch` (e.g. `sm_90`) for these scalar
-    /// arguments (in declaration order, as i64), and why. Needs no GPU.
+    /// arguments (in declaration order, as i64), and why, on a device no lock entry names.
+    /// Needs no GPU.
     pub fn explain_for(&self, arch: &str, args: &[i64]) -> Selection {
-        self.explain_inner(arch, args, &[])
+        self.explain_inner(arch, "", args, &[])
+    }
+
+    /// [`Kernel::explain_for`] on a device of `arch` named `device` (the driver's name,
+    /// `NVIDIA H200`): its own entries are tried first. Needs no GPU.
+    pub fn explain_on(&self, arch: &str, device: &str, args: &[i64]) -> Selection {
+        self.explain_inner(arch, device, args, &[])
     }
 
     /// Which version runs on this stream's device for these arguments, and why,
     /// including variants that failed to compile there.
     pub fn explain(&self, stream: &CudaStream, args: &[i64]) -> Result<Selection, Error> {
         let loaded = self.loaded(stream)?;
-        Ok(self.explain_inner(&loaded.arch, args, &loaded.failures))
+        Ok(self.explain_inner(&loaded.arch, &loaded.device, args, &loaded.failures))
     }
 
     fn explain_inner(
         &self,
         arch: &str,
+        device: &str,
         args: &[i64],
         failures: &[(&'static str, String)],
     ) -> Selection {
@@ -427,13 +449,17 @@ impl Kernel {
             kernel: self.def.name,
             variant: "reference",
             arch: arch.to_string(),
+            device: None,
             reason,
         };
         if disabled() {
             return reference(Reason::Disabled);
         }
         let mut missed = Vec::new();
-        for def in self.def.variants.iter().filter(|v| v.arch == Some(arch)) {
+        for def in try_order(self.def.variants, arch, device)
+            .into_iter()
+            .map(|i| &self.def.variants[i])
+        {
             if let Some((_, err)) = failures.iter().find(|(id, _)| *id == def.id) {
                 missed.push(format!(
                     "`{}` did not compile here: {}",
@@ -447,6 +473,7 @@ impl Kernel {
                     kernel: self.def.name,
                     variant: def.id,
                     arch: arch.to_string(),
+                    device: def.device,
                     reason: Reason::Accepted {
                         region: def.region.as_ref().map(|r| r.text),
                     },
@@ -455,6 +482,18 @@ impl Kernel {
             if let Some(r) = &def.region {
                 missed.push(format!("`{}` claims only `{}`", def.id, r.text));
             }
+        }
+        for def in self
+            .def
+            .variants
+            .iter()
+            .filter(|v| v.arch == Some(arch) && v.device.is_some_and(|d| d != device))
+        {
+            missed.push(format!(
+                "`{}` is for {} only",
+                def.id,
+                def.device.unwrap_or_default()
+            ));
         }
         for u in self
             .def
@@ -474,6 +513,21 @@ impl Kernel {
             reference(Reason::NotApplicable(missed))
         }
     }
+}
+
+/// The indices of the variants that may run on a device of `arch` named `device`, in the
+/// order they are tried: those keyed by the device, then those of the architecture.
+fn try_order(variants: &[VariantDef], arch: &str, device: &str) -> Vec<usize> {
+    let of = |keyed: bool| {
+        variants.iter().enumerate().filter(move |(_, v)| {
+            v.arch == Some(arch)
+                && match v.device {
+                    Some(d) => keyed && d == device,
+                    None => !keyed,
+                }
+        })
+    };
+    of(true).chain(of(false)).map(|(i, _)| i).collect()
 }
 
 fn first_line(s: &str) -> &str {
@@ -513,6 +567,8 @@ pub struct Selection {
     /// `reference` or the variant's name.
     pub variant: &'static str,
     pub arch: String,
+    /// The device the chosen variant's entry is keyed by, if any.
+    pub device: Option<&'static str>,
     pub reason: Reason,
 }
 
@@ -533,6 +589,14 @@ impl Selection {
     pub fn is_reference(&self) -> bool {
         self.variant == "reference"
     }
+
+    /// What the chosen entry is keyed by: `sm_90`, or `NVIDIA H200 (sm_90)`.
+    pub fn key(&self) -> String {
+        match self.device {
+            Some(d) => format!("{d} ({})", self.arch),
+            None => self.arch.clone(),
+        }
+    }
 }
 
 impl fmt::Display for Selection {
@@ -541,12 +605,16 @@ impl fmt::Display for Selection {
             Reason::Accepted { region: None } => write!(
                 f,
                 "{}: variant `{}` (accepted for {})",
-                self.kernel, self.variant, self.arch
+                self.kernel,
+                self.variant,
+                self.key()
             ),
             Reason::Accepted { region: Some(r) } => write!(
                 f,
                 "{}: variant `{}` (accepted for {} where `{r}`)",
-                self.kernel, self.variant, self.arch
+                self.kernel,
+                self.variant,
+                self.key()
             ),
             Reason::Disabled => write!(f, "{}: reference (KOPT_DISABLE is set)", self.kernel),
             Reason::NoVariant => write!(

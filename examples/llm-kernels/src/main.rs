@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! llm-kernels run                  check every kernel against the CPU reference (GPU)
-//! llm-kernels explain [--arch A]   which version runs for each declared shape (no GPU)
+//! llm-kernels explain [--arch A] [--device NAME]
+//!                                  which version runs for each declared shape (no GPU)
 //! llm-kernels bench [--launches N] launcher overhead and per-shape times (GPU)
 //! ```
 
@@ -24,7 +25,10 @@ fn main() -> ExitCode {
     };
     let result = match cmd {
         "explain" => {
-            explain(&flag("--arch").unwrap_or_else(|| "sm_90".into()));
+            explain(
+                &flag("--arch").unwrap_or_else(|| "sm_90".into()),
+                flag("--device").as_deref(),
+            );
             Ok(true)
         }
         "run" | "bench" => match kopt::gpu::missing() {
@@ -54,8 +58,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Which version runs for each declared shape on `arch`: needs no GPU.
-fn explain(arch: &str) {
+/// Which version runs for each declared shape on `arch` (on the device `device`, when
+/// given): needs no GPU.
+fn explain(arch: &str, device: Option<&str>) {
     for k in KERNELS {
         for shape in &k.spec().shapes {
             let args = k.spec().shape_args(shape);
@@ -63,7 +68,10 @@ fn explain(arch: &str) {
                 "{:<12} {:<40} {}",
                 k.name(),
                 kopt::spec::shape_label(shape),
-                k.explain_for(arch, &args)
+                match device {
+                    Some(d) => k.explain_on(arch, d, &args),
+                    None => k.explain_for(arch, &args),
+                }
             );
         }
     }

@@ -68,7 +68,7 @@ fn print_list(g: &Gathered, listed: &[commands::ListedKernel]) {
                     } else {
                         format!(" [{}]", v.status.to_uppercase())
                     };
-                    format!("{}: {}{region}{status}", v.arch, v.variant)
+                    format!("{}: {}{region}{status}", v.key, v.variant)
                 })
                 .collect::<Vec<_>>()
                 .join(", ");
@@ -99,7 +99,7 @@ fn print_list(g: &Gathered, listed: &[commands::ListedKernel]) {
                 yellow(),
                 k.kernel,
                 v.variant,
-                v.arch,
+                v.key,
                 v.status,
                 v.reason.as_deref().unwrap_or(""),
                 yellow()

@@ -30,6 +30,11 @@ pub struct AcceptArgs {
     /// Accept under another variant name (when its own is taken).
     #[arg(long = "as", value_name = "NAME")]
     pub rename: Option<String>,
+    /// Key the lock entry by the device the variant was measured on (`NVIDIA H200`), so
+    /// that other devices of its architecture keep what they run; without it, the entry
+    /// is for every device of the architecture.
+    #[arg(long)]
+    pub device_specific: bool,
     #[command(flatten)]
     pub cases: store_cli::CaseRecording,
 }
@@ -86,7 +91,10 @@ pub fn accept(a: AcceptArgs, gathered: Gathered, json: bool) -> Result<ExitCode,
         a.kernel.as_deref(),
         a.arch.as_deref(),
         a.all,
-        a.rename.as_deref(),
+        kopt_store::accept::AcceptAs {
+            name: a.rename.as_deref(),
+            device_specific: a.device_specific,
+        },
         &a.cases,
         json,
     )

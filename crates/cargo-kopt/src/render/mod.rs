@@ -137,11 +137,16 @@ pub fn verify(v: &Verified) {
         return;
     }
     for o in &v.outcomes {
+        // An entry for the whole architecture says which device vouched for it here.
+        let on = match (&o.device, o.key == o.arch) {
+            (Some(d), true) => format!(", verified on {d}"),
+            _ => String::new(),
+        };
         let head = format!(
-            "{}/{} ({}){}",
+            "{}/{} ({}{on}){}",
             o.kernel,
             o.variant,
-            o.arch,
+            o.key,
             match o.gpu {
                 Some(gpu) if several => format!(" on GPU {gpu}"),
                 _ => String::new(),

@@ -531,6 +531,7 @@ fn a_winner_measured_on_the_fake_device_is_never_accepted() {
     lock.accepted.retain(|e| e.arch != "sm_90");
     lock.accepted.push(LockEntry {
         arch: "sm_90".into(),
+        device: None,
         variant: variant.clone(),
         region: None,
         verified_by: VerifiedBy::Kopt,
