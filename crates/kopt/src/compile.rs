@@ -318,7 +318,17 @@ pub fn compile_entry(
     let entries = ptxas_entries(&native.log);
     let Some(resources) = entries.iter().find(|e| e.name == symbol).cloned() else {
         let held = if entries.is_empty() {
-            "it holds no kernel at all".to_string()
+            // ptxas lists every entry it compiles under `-v`; what its report holds
+            // instead is the only clue to why none was listed.
+            let log = native.log.trim();
+            format!(
+                "it holds no kernel at all (ptxas' report: {})",
+                if log.is_empty() {
+                    "empty".to_string()
+                } else {
+                    format!("`{}`", log.lines().take(6).collect::<Vec<_>>().join(" | "))
+                }
+            )
         } else {
             format!(
                 "it holds {}",

@@ -142,6 +142,22 @@ extern "C" __global__ void k(const float* x, float* y) {
 }
 
 #[test]
+fn a_module_without_any_kernel_is_told_with_ptxas_report() {
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    let source = "__device__ float scale(float x) { return 2.f * x; }\n";
+    let text = kopt::compile_entry("t", "v1", source, &[], ARCH, "softmax")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("has no kernel `softmax`")
+            && text.contains("it holds no kernel at all (ptxas' report: "),
+        "{text}"
+    );
+}
+
+#[test]
 fn compile_entry_refuses_a_module_without_the_entry() {
     if !kopt::gpu::nvrtc_for_test() {
         return;

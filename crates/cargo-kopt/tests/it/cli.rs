@@ -188,10 +188,10 @@ fn broken_lock_and_audit_files_are_reported() {
 
     ws.write(
         "kopt/softmax/kopt.lock",
-        "format = 2\nkernel = \"softmax\"\n",
+        "format = 3\nkernel = \"softmax\"\n",
     );
     let out = stdout(&kopt(&ws, &["check"]));
-    assert!(out.contains("format 2 is not supported"), "{out}");
+    assert!(out.contains("format 3 is not supported"), "{out}");
 }
 
 #[test]
