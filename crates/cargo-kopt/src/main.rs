@@ -69,6 +69,13 @@ enum ColorChoice {
 }
 
 fn main() -> ExitCode {
+    // NVRTC (12.9 and later) answers a compile it has seen from a cache that keeps the
+    // cubin and drops ptxas' report, and the compile fence and `check` read entries,
+    // registers and spills from that report. Off for this process and the workers it
+    // starts, unless the user chose; set here, before any thread exists or NVRTC loads.
+    if std::env::var_os(kopt_engine::precompile::NVRTC_CACHE_SWITCH).is_none() {
+        std::env::set_var(kopt_engine::precompile::NVRTC_CACHE_SWITCH, "1");
+    }
     let Cargo::Kopt(cli) = Cargo::parse();
     if let Command::Worker(w) = &cli.command {
         return cmd::worker::run(w);

@@ -41,6 +41,10 @@ pub struct Precompiled {
     pub warnings: String,
 }
 
+/// The switch a process that compiles through [`precompile`] sets to `1` to get ptxas'
+/// report from every compile (see [`kopt::NVRTC_CACHE_SWITCH`]).
+pub use kopt::NVRTC_CACHE_SWITCH;
+
 /// Why [`precompile`] refused a version, with what to show its author.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refused {
@@ -50,12 +54,18 @@ pub enum Refused {
     NoEntry(String),
     /// NVRTC cannot be loaded.
     NoNvrtc(String),
+    /// NVRTC compiled it but gave no ptxas report to check it against (a compile answered
+    /// from NVRTC's cache): not the version's fault, and nothing is known of it.
+    NoReport(String),
 }
 
 impl Refused {
     pub fn message(&self) -> &str {
         match self {
-            Refused::Compile(m) | Refused::NoEntry(m) | Refused::NoNvrtc(m) => m,
+            Refused::Compile(m)
+            | Refused::NoEntry(m)
+            | Refused::NoNvrtc(m)
+            | Refused::NoReport(m) => m,
         }
     }
 }
@@ -110,6 +120,7 @@ pub fn precompile(
             |e| match e {
                 kopt::Error::Compile { log, .. } => Refused::Compile(log),
                 e @ kopt::Error::NoEntry { .. } => Refused::NoEntry(e.to_string()),
+                e @ kopt::Error::NoPtxasReport { .. } => Refused::NoReport(e.to_string()),
                 other => Refused::NoNvrtc(other.to_string()),
             },
         )?;

@@ -76,6 +76,8 @@ pub enum FailureKind {
     NoEntry,
     /// NVRTC could not be loaded.
     NoNvrtc,
+    /// NVRTC gave no ptxas report (a compile answered from its cache).
+    NoReport,
 }
 
 impl FailureKind {
@@ -85,6 +87,7 @@ impl FailureKind {
             FailureKind::Compile => "failed",
             FailureKind::NoEntry => "no entry",
             FailureKind::NoNvrtc => "no NVRTC",
+            FailureKind::NoReport => "no report",
         }
     }
 }
@@ -259,12 +262,17 @@ fn compile_one(
                     "set `entry` to a `__global__` function the source defines (or a macro of it generates)",
                 ),
                 Refused::NoNvrtc(m) => problem(m.clone(), "install NVRTC (scripts/cuda-wheels.sh)"),
+                Refused::NoReport(m) => problem(
+                    m.clone(),
+                    &format!("run it again with {}=1", kopt::NVRTC_CACHE_SWITCH),
+                ),
             });
             out.failure = Some(Failure {
                 kind: match why {
                     Refused::Compile(_) => FailureKind::Compile,
                     Refused::NoEntry(_) => FailureKind::NoEntry,
                     Refused::NoNvrtc(_) => FailureKind::NoNvrtc,
+                    Refused::NoReport(_) => FailureKind::NoReport,
                 },
                 message: why.message().to_string(),
             });

@@ -294,6 +294,13 @@ pub fn compile_warnings(log: &str) -> String {
         .to_string()
 }
 
+/// The environment variable that turns off NVRTC's compile cache (NVRTC 12.9 and later;
+/// it is also the driver's JIT-cache switch). A compile NVRTC answers from that cache
+/// returns the same cubin but an empty log, so ptxas' report of the entries, registers and
+/// spills that [`compile_entry`] reads is missing. `cargo kopt` sets it to `1` for itself
+/// and its workers unless the user set it; NVRTC reads it when it loads.
+pub const NVRTC_CACHE_SWITCH: &str = "CUDA_CACHE_DISABLE";
+
 /// Compiles `source` to a cubin for the real architecture `arch` with ptxas' `-v` report,
 /// and confirms that the module holds `entry` (lowered when it is a name expression):
 /// the one CPU-side compile of a version, whoever asks. Needs NVRTC, not a GPU.
@@ -316,19 +323,21 @@ pub fn compile_entry(
     let compiled_arch = options_arch(options).unwrap_or_else(|| arch.to_string());
     let symbol = native.entry.clone().unwrap_or_else(|| entry.to_string());
     let entries = ptxas_entries(&native.log);
+    // ptxas lists every entry it compiles under `-v`: a successful compile with no log at
+    // all came from NVRTC's cache, which keeps the cubin but not the report.
+    if native.log.trim().is_empty() {
+        return Err(Error::NoPtxasReport {
+            kernel: kernel.to_string(),
+            variant: variant.to_string(),
+            switch: NVRTC_CACHE_SWITCH,
+            value: std::env::var(NVRTC_CACHE_SWITCH)
+                .map(|v| format!("`{v}`"))
+                .unwrap_or_else(|_| "unset".into()),
+        });
+    }
     let Some(resources) = entries.iter().find(|e| e.name == symbol).cloned() else {
         let held = if entries.is_empty() {
-            // ptxas lists every entry it compiles under `-v`; what its report holds
-            // instead is the only clue to why none was listed.
-            let log = native.log.trim();
-            format!(
-                "it holds no kernel at all (ptxas' report: {})",
-                if log.is_empty() {
-                    "empty".to_string()
-                } else {
-                    format!("`{}`", log.lines().take(6).collect::<Vec<_>>().join(" | "))
-                }
-            )
+            "it holds no kernel at all".to_string()
         } else {
             format!(
                 "it holds {}",

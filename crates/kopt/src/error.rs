@@ -54,6 +54,14 @@ pub enum Error {
         entry: String,
         detail: String,
     },
+    #[error("`{kernel}`: NVRTC compiled `{variant}` but returned no ptxas report, which is what a compile it answers from its cache returns, so the module's kernels, registers and spills are unknown: set {switch}=1 for this process (it is {value})")]
+    NoPtxasReport {
+        kernel: String,
+        variant: String,
+        switch: &'static str,
+        /// The switch's value, or `unset`.
+        value: String,
+    },
     #[error("NVRTC (libnvrtc.so) could not be loaded: install the CUDA toolkit's NVRTC, or add its folder to LD_LIBRARY_PATH")]
     NoNvrtc,
     #[error("no CUDA driver found (libcuda could not be loaded): kopt needs an NVIDIA GPU with its driver for this")]

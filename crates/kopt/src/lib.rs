@@ -65,6 +65,7 @@ pub use compile::{
     compile_warnings, cuda_headers_version, cuda_headers_version_in, cuda_include_dirs,
     include_digest, is_name_expression, module_load_error, nvrtc_version, open_launch_limits,
     options_arch, ptxas_entries, warning_count, CompiledEntry, EntryCompile, Module, Native,
+    NVRTC_CACHE_SWITCH,
 };
 pub use error::Error;
 pub use kernel::{

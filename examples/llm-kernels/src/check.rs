@@ -77,7 +77,7 @@ fn compare(
 pub fn ran(k: &Kernel, stream: &CudaStream, args: &[i64]) -> Res<String> {
     let s = k.explain(stream, args)?;
     Ok(match &s.reason {
-        Reason::Accepted { .. } => format!("{} ({})", s.variant, s.arch),
+        Reason::Accepted { .. } => format!("{} ({})", s.variant, s.key()),
         Reason::Disabled => "reference (KOPT_DISABLE)".into(),
         Reason::NotApplicable(why) => format!("reference ({}; {})", s.arch, why.join("; ")),
         Reason::NoVariant => format!("reference ({})", s.arch),
