@@ -6,7 +6,6 @@ mod cmd;
 mod mcp;
 mod review;
 mod search_progress;
-mod store_cli;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -100,7 +99,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     let json = g.message_format == MessageFormat::Json;
     // The case library needs no workspace.
     let command = match cli.command {
-        Command::Cases(c) => return store_cli::cases_command(&c.library, c.command, json),
+        Command::Cases(c) => return cmd::store::cases_command(&c.library, c.command, json),
         other => other,
     };
     let sel = Selection {

@@ -448,22 +448,15 @@ pub fn render(
 
     match &item.plan {
         Ok(plan) => {
-            if plan.replaces.is_empty() && plan.keeps.is_empty() {
-                writeln!(
-                    out,
-                    "\n{}Replaces:{:#} nothing: the reference runs on {} today",
-                    bold(),
-                    bold(),
-                    plan.entry.key()
-                )?;
-            } else if plan.replaces.is_empty() {
-                writeln!(
-                    out,
-                    "\n{}Replaces:{:#} no entry: it goes before {}",
-                    bold(),
-                    bold(),
-                    plan.keeps.join(", ")
-                )?;
+            if plan.replaces.is_empty() {
+                // What stays behind it is in the notes.
+                let today = format!(": the reference runs on {} today", plan.entry.key());
+                let rest = if plan.keeps.is_empty() {
+                    &today[..]
+                } else {
+                    ""
+                };
+                writeln!(out, "\n{}Replaces:{:#} no entry{rest}", bold(), bold())?;
             } else {
                 writeln!(
                     out,
@@ -504,7 +497,8 @@ fn render_region_map(out: &mut dyn Write, plan: &kopt_store::accept::AcceptPlan)
             plan.entry.key()
         ),
     )?;
-    let mut table = cargo_kopt::table::Table::new(&["shape", "", "before", "after"]);
+    // A held-out shape's label says so (`(held out: ...)`).
+    let mut table = cargo_kopt::table::Table::new(&["shape", "before", "after"]);
     let mut unchanged_held_out = 0;
     for row in &plan.region_map {
         let changed = row.before != row.after;
@@ -512,17 +506,11 @@ fn render_region_map(out: &mut dyn Write, plan: &kopt_store::accept::AcceptPlan)
             unchanged_held_out += 1;
             continue;
         }
+        let after = if changed { green() } else { Style::new() };
         table.row(vec![
             (row.shape.clone(), Style::new()),
-            (
-                if row.held_out { "held out" } else { "declared" }.to_string(),
-                dim(),
-            ),
             (row.before.clone(), Style::new()),
-            (
-                row.after.clone(),
-                if changed { green() } else { Style::new() },
-            ),
+            (row.after.clone(), after),
         ]);
     }
     for line in table.render().lines() {

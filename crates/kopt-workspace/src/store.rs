@@ -1,5 +1,5 @@
 //! The store commands (`pending`, `accept`, `reject`, `revert --to`, `cases`) as library
-//! functions returning data, over `kopt_store`; `store_cli` renders them.
+//! functions returning data, over `kopt_store`; cargo-kopt's `cmd::store` renders them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::store_cli;
+use super::store;
 use clap::Args;
 use kopt_workspace::gather::Gathered;
 
@@ -20,5 +20,5 @@ pub struct GcArgs {
 pub fn run(a: GcArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
     let GcArgs { kernels, delete } = a;
     check_names(&gathered, &kernels)?;
-    store_cli::gc(&gathered, &kernels, delete, json)
+    store::gc(&gathered, &kernels, delete, json)
 }

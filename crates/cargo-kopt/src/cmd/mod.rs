@@ -119,7 +119,7 @@ impl Command {
             Command::Pin(a) => pin::run(a, gathered, json),
             Command::Revert(a) => revert::run(a, gathered, json),
             Command::Gc(a) => gc::run(a, gathered, json),
-            Command::Pending => store::pending(gathered, json),
+            Command::Pending => Ok(store::pending(&gathered, json)),
             Command::Review(a) => store::review(a, gathered, json),
             Command::Accept(a) => store::accept(a, gathered, json),
             Command::Reject(a) => store::reject(a, gathered, json),

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::store_cli;
+use super::store;
 use cargo_kopt::style::dim;
 use clap::Args;
 use kopt_workspace::gather::Gathered;
@@ -37,7 +37,7 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub arch: Option<String>,
     #[command(flatten)]
-    pub library: store_cli::CasesPath,
+    pub library: store::CasesPath,
     /// Take the confidence from the rules' margin, not from the case library.
     #[arg(long)]
     pub no_cases: bool,

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use crate::store_cli;
+use super::store;
 use clap::Args;
 use kopt_workspace::commands;
 use kopt_workspace::gather::Gathered;
@@ -24,7 +24,7 @@ pub fn run(a: RevertArgs, gathered: Gathered, json: bool) -> Result<ExitCode, St
     let RevertArgs { kernel, arch, to } = a;
     match to.as_deref() {
         Some(variant) if variant != "reference" => {
-            store_cli::revert_to(&gathered, &kernel, variant, arch.as_deref(), json)
+            store::revert_to(&gathered, &kernel, variant, arch.as_deref(), json)
         }
         _ => {
             let k = commands::find(&gathered, &kernel).map_err(|e| e.to_string())?;
