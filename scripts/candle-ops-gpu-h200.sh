@@ -13,17 +13,8 @@ STEPS="${STEPS:-tests explain bench}"
 ROOT="$PWD"
 W="$OUT/candle-ops-gpu"
 mkdir -p "$W"
-has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-step() { # step NAME SECONDS CMD...
-    local name=$1 secs=$2
-    shift 2
-    echo "== $name (timeout ${secs}s): $*"
-    local t0=$SECONDS
-    timeout "$secs" "$@" >"$W/$name.txt" 2>&1
-    local rc=$?
-    tail -n 60 "$W/$name.txt"
-    echo "   $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
-}
+STEP_TAIL=60
+. "$ROOT/scripts/h200-steps.sh"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KOPT_REQUIRE_GPU=1
 # Staged compressed (scripts/candle-ops-stage.sh): unpacked outside the carried tree.

@@ -19,16 +19,8 @@ KERNELS="${KERNELS:-softmax_bf16 softmax_f32 rmsnorm_bf16 rmsnorm_f32}"
 ROOT="$PWD"
 W="$OUT/candle-ops-loop"
 mkdir -p "$W/logs"
-step() { # step NAME SECONDS CMD...
-    local name=$1 secs=$2
-    shift 2
-    echo "== $name (timeout ${secs}s): $*"
-    local t0=$SECONDS
-    timeout "$secs" "$@" >"$W/logs/$name.txt" 2>&1
-    local rc=$?
-    tail -n 40 "$W/logs/$name.txt"
-    echo "   $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
-}
+STEP_LOGS="$W/logs"
+. "$ROOT/scripts/h200-steps.sh"
 export KOPT_SANITIZER_TIMEOUT="${KOPT_SANITIZER_TIMEOUT:-60}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$W/logs/nvidia-smi.txt" 2>&1
 cd "$ROOT/examples/candle-ops"

@@ -20,17 +20,8 @@ STEPS="${STEPS:-check candle naive oob}"
 ROOT="$PWD"
 W="$OUT/real-kernels"
 mkdir -p "$W/logs"
-has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-step() { # step NAME SECONDS CMD...
-    local name=$1 secs=$2
-    shift 2
-    echo "== $name (timeout ${secs}s): $*"
-    local t0=$SECONDS
-    timeout "$secs" "$@" >"$W/logs/$name.txt" 2>&1
-    local rc=$?
-    tail -n 40 "$W/logs/$name.txt"
-    echo "   $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
-}
+STEP_LOGS="$W/logs"
+. "$ROOT/scripts/h200-steps.sh"
 export KOPT_SANITIZER_TIMEOUT="${KOPT_SANITIZER_TIMEOUT:-60}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$W/logs/nvidia-smi.txt" 2>&1
 cd "$ROOT/examples/llm-kernels"

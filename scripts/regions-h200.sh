@@ -20,17 +20,7 @@ STEPS="${STEPS:-explain run verify}"
 ROOT="$PWD"
 W="$OUT/regions"
 mkdir -p "$W"
-has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-step() { # step NAME SECONDS CMD...
-    local name=$1 secs=$2
-    shift 2
-    echo "== $name (timeout ${secs}s): $*"
-    local t0=$SECONDS
-    timeout "$secs" "$@" >"$W/$name.txt" 2>&1
-    local rc=$?
-    tail -n 40 "$W/$name.txt"
-    echo "   $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
-}
+. "$ROOT/scripts/h200-steps.sh"
 B=/tmp/regions-bin
 mkdir -p "$B"
 # scripts/gpu-tests.sh unpacks a staged folder in place: take the binary either way.

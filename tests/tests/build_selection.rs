@@ -48,6 +48,14 @@ fn pin_online_vec4(ws: &ExampleWorkspace) {
     .unwrap();
 }
 
+fn assert_online_vec4_runs_at_4096(out: &str) {
+    assert!(
+        softmax_line(out, "cols=4096 rows=4096")
+            .contains("variant `online-vec4` (accepted for sm_90 where `cols % 4 == 0`)"),
+        "{out}"
+    );
+}
+
 #[test]
 fn the_build_follows_the_committed_files() {
     let ws = ExampleWorkspace::new();
@@ -58,11 +66,7 @@ fn the_build_follows_the_committed_files() {
 
     // The shipped variant runs where its region holds, the reference elsewhere.
     let out = explain(&ws);
-    assert!(
-        softmax_line(&out, "cols=4096 rows=4096")
-            .contains("variant `online-vec4` (accepted for sm_90 where `cols % 4 == 0`)"),
-        "{out}"
-    );
+    assert_online_vec4_runs_at_4096(&out);
     assert!(
         softmax_line(&out, "cols=50257")
             .contains("reference on sm_90 (`online-vec4` claims only `cols % 4 == 0`)"),
@@ -104,11 +108,7 @@ fn the_build_follows_the_committed_files() {
         );
     }
     let out = explain(&ws);
-    assert!(
-        softmax_line(&out, "cols=4096 rows=4096")
-            .contains("variant `online-vec4` (accepted for sm_90 where `cols % 4 == 0`)"),
-        "{out}"
-    );
+    assert_online_vec4_runs_at_4096(&out);
     assert!(
         softmax_line(&out, "cols=50257")
             .contains(&format!("`{loop_winner}` is for NVIDIA H200 only")),
