@@ -450,13 +450,11 @@ pub fn render(
         Ok(plan) => {
             if plan.replaces.is_empty() {
                 // What stays behind it is in the notes.
-                let today = format!(": the reference runs on {} today", plan.entry.key());
-                let rest = if plan.keeps.is_empty() {
-                    &today[..]
-                } else {
-                    ""
+                let what = match plan.keeps.is_empty() {
+                    true => format!("nothing: the reference runs on {} today", plan.entry.key()),
+                    false => "no entry".to_string(),
                 };
-                writeln!(out, "\n{}Replaces:{:#} no entry{rest}", bold(), bold())?;
+                writeln!(out, "\n{}Replaces:{:#} {what}", bold(), bold())?;
             } else {
                 writeln!(
                     out,
