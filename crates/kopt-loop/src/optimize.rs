@@ -1909,15 +1909,18 @@ fn parameter_search(s: &run::MatrixSweep, winner: &KernelVersion) -> files::Para
         .map(|k| format!("`{k}`"))
         .collect::<Vec<_>>()
         .join(", ");
+    let over = format!(
+        "parameter matrix ({combos} combination(s) of {keys}, over the candidate `{}` and its other defines)",
+        s.base
+    );
+    let judged = format!("verified in full by the same engine and fences as any candidate (numerics on fresh inputs, held-out shapes, the watchdog), one after another, each judged by the loop's rule for a new best (every fence passed, and faster than the best so far by the minimum gain on some shape); {kept}.");
     let mut method = if s.exhaustive {
         format!(
-            "The optimisation loop's exhaustive sweep of the agent's parameter matrix ({combos} combination(s) of {keys}, over the candidate `{}` and its other defines): every point verified in full by the same engine and fences as any candidate (numerics on fresh inputs, held-out shapes, the watchdog), one after another, each judged by the loop's rule for a new best (every fence passed, and faster than the best so far by the minimum gain on some shape); {kept}.",
-            s.base,
+            "The optimisation loop's exhaustive sweep of the agent's {over}: every point {judged}"
         )
     } else {
         format!(
-            "The optimisation loop's hill climb over the agent's parameter matrix ({combos} combination(s) of {keys}, over the candidate `{}` and its other defines), from the candidate's own defines, one axis one step first, while the candidate budget lasted: {} of the {} other valid point(s) verified in full by the same engine and fences as any candidate (numerics on fresh inputs, held-out shapes, the watchdog), one after another, each judged by the loop's rule for a new best (every fence passed, and faster than the best so far by the minimum gain on some shape); {kept}.",
-            s.base,
+            "The optimisation loop's hill climb over the agent's {over}, from the candidate's own defines, one axis one step first, while the candidate budget lasted: {} of the {} other valid point(s) {judged}",
             s.points.len().saturating_sub(1),
             s.planned,
         )

@@ -124,7 +124,7 @@ impl LockFile {
     /// device of the architecture were meant.
     pub fn parse(text: &str) -> Result<Self, String> {
         let format = read_format(text, &[1, LOCK_FORMAT])?;
-        let mut lock: LockFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let lock: LockFile = toml::from_str(text).map_err(|e| e.to_string())?;
         if format == 1 {
             if let Some(e) = lock.accepted.iter().find(|e| e.device.is_some()) {
                 return Err(format!(
@@ -133,7 +133,6 @@ impl LockFile {
                 ));
             }
         }
-        lock.format = LOCK_FORMAT;
         Ok(lock)
     }
 
@@ -170,19 +169,43 @@ impl LockFile {
 impl LockEntry {
     /// `sm_90`, or `NVIDIA H200 (sm_90)` for a device-keyed entry.
     pub fn key(&self) -> String {
-        match &self.device {
-            Some(d) => format!("{d} ({})", self.arch),
-            None => self.arch.clone(),
-        }
+        key_text(&self.arch, self.device.as_deref())
     }
 
-    /// Whether it may run on a device of `arch` named `device`.
-    pub fn runs_on(&self, arch: &str, device: Option<&str>) -> bool {
-        self.arch == arch
-            && match &self.device {
-                None => true,
-                Some(d) => device == Some(d.as_str()),
-            }
+    /// Whether it has the same key as `other`: the same architecture and device (or none).
+    pub fn same_key(&self, other: &LockEntry) -> bool {
+        self.arch == other.arch && self.device == other.device
+    }
+
+    /// Where it is tried on a device of `arch` named `device` (see [`try_group`]).
+    pub fn try_group(&self, arch: &str, device: Option<&str>) -> Option<u8> {
+        try_group(&self.arch, self.device.as_deref(), arch, device)
+    }
+}
+
+/// What an entry for `arch` and `device` is keyed by, as kopt prints it: `sm_90`, or
+/// `NVIDIA H200 (sm_90)`.
+pub fn key_text(arch: &str, device: Option<&str>) -> String {
+    match device {
+        Some(d) => format!("{d} ({arch})"),
+        None => arch.to_string(),
+    }
+}
+
+/// The one rule of which entries run where, for the CLI's choice and the launcher's:
+/// on a device of `arch` named `device` (`None`: a name kopt does not know), an entry for
+/// `entry_arch` keyed by `entry_device` is tried in group 0 when it names that device, in
+/// group 1 (after every group-0 entry) when it names no device, and not at all otherwise.
+pub fn try_group(
+    entry_arch: &str,
+    entry_device: Option<&str>,
+    arch: &str,
+    device: Option<&str>,
+) -> Option<u8> {
+    match entry_device {
+        _ if entry_arch != arch => None,
+        None => Some(1),
+        Some(d) => (device == Some(d)).then_some(0),
     }
 }
 
@@ -222,15 +245,11 @@ fn read_format(text: &str, known: &[u32]) -> Result<u32, String> {
         format: Option<u32>,
     }
     let probe: Probe = toml::from_str(text).map_err(|e| e.to_string())?;
-    let reads = known
-        .iter()
-        .map(|v| v.to_string())
-        .collect::<Vec<_>>()
-        .join(" and ");
     match probe.format {
         Some(v) if known.contains(&v) => Ok(v),
         Some(v) => Err(format!(
-            "format {v} is not supported by this kopt (it reads format {reads}); upgrade cargo-kopt and the kopt crate together"
+            "format {v} is not supported by this kopt (it reads format {}); upgrade cargo-kopt and the kopt crate together",
+            known.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" and ")
         )),
         None => Err("no `format` field: not a kopt file".into()),
     }

@@ -72,13 +72,13 @@ impl KernelState {
         arch: &'a str,
         device: Option<&'a str>,
     ) -> impl Iterator<Item = (&'a LockEntry, &'a UsableVariant)> + 'a {
-        let usable = move |keyed: bool| {
+        let usable = move |group: u8| {
             self.entries
                 .iter()
-                .filter(move |e| e.entry.runs_on(arch, device) && e.entry.device.is_some() == keyed)
+                .filter(move |e| e.entry.try_group(arch, device) == Some(group))
                 .filter_map(|e| e.status.as_ref().ok().map(|u| (&e.entry, u)))
         };
-        usable(true).chain(usable(false))
+        usable(0).chain(usable(1))
     }
 
     /// Architectures named in the lock, sorted.
@@ -679,7 +679,7 @@ pub fn place(
     let replaces = state
         .entries
         .iter()
-        .filter(|r| r.entry.arch == new.arch && r.entry.device == new.device)
+        .filter(|r| r.entry.same_key(new))
         .filter(|r| match &r.status {
             Ok(u) => {
                 let mut runs = shapes
@@ -731,7 +731,7 @@ impl Placement {
     fn position<'a>(&self, entries: impl Iterator<Item = &'a LockEntry>, new: &LockEntry) -> usize {
         let mut kept = 0;
         for e in entries {
-            if e.arch == new.arch && e.device == new.device {
+            if e.same_key(new) {
                 return kept;
             }
             if !self.replaces.contains(e) {

@@ -319,7 +319,7 @@ pub fn plan_accept(
         .collect();
     let keeps: Vec<String> = arch_entries
         .iter()
-        .filter(|e| e.device == entry.device && !placement.replaces.contains(e))
+        .filter(|e| e.same_key(&entry) && !placement.replaces.contains(e))
         .map(|e| e.variant.clone())
         .collect();
     let mut notes = Vec::new();
@@ -353,7 +353,7 @@ pub fn plan_accept(
             ));
         }
     }
-    let accepted_now = arch_entries.iter().find(|e| e.device == entry.device);
+    let accepted_now = arch_entries.iter().find(|e| e.same_key(&entry));
     match (&p.meta.baseline, accepted_now) {
         (Some(b), Some(now)) if b.source_hash != now.source_hash => notes.push(format!(
             "it had to beat `{}`, but `{}` is accepted for {} now: it was never compared with the latter (`cargo kopt bench` after accepting, or `cargo kopt optimize` again)",

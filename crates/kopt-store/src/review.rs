@@ -133,7 +133,8 @@ fn displaced(t: &KernelTarget, plan: &AcceptPlan) -> Option<(String, String, Str
             None => counts.push((&row.before, 1)),
         }
     }
-    let most = counts.iter().max_by_key(|(_, n)| *n).map(|(v, _)| *v);
+    // `max_by_key` keeps the last of equals: over the reversed list, the first.
+    let most = counts.iter().rev().max_by_key(|(_, n)| *n).map(|(v, _)| *v);
     let variant = match most {
         Some("reference") => return None,
         Some(v) => v.to_string(),

@@ -364,7 +364,7 @@ pub fn pin(
     let summary = match lock
         .accepted
         .iter_mut()
-        .find(|e| e.arch == arch && e.device.as_deref() == device && e.variant == variant)
+        .find(|e| e.same_key(&entry) && e.variant == variant)
     {
         Some(e) => {
             *e = entry;

@@ -517,17 +517,20 @@ impl Kernel {
 
 /// The indices of the variants that may run on a device of `arch` named `device`, in the
 /// order they are tried: those keyed by the device, then those of the architecture.
+/// The rule is `kopt_spec::files::try_group`, the CLI's; `device` is empty when unknown.
 fn try_order(variants: &[VariantDef], arch: &str, device: &str) -> Vec<usize> {
-    let of = |keyed: bool| {
-        variants.iter().enumerate().filter(move |(_, v)| {
-            v.arch == Some(arch)
-                && match v.device {
-                    Some(d) => keyed && d == device,
-                    None => !keyed,
-                }
-        })
+    let device = Some(device).filter(|d| !d.is_empty());
+    let group = |v: &VariantDef| {
+        let entry_arch = v.arch?;
+        kopt_spec::files::try_group(entry_arch, v.device, arch, device)
     };
-    of(true).chain(of(false)).map(|(i, _)| i).collect()
+    let of = |g: u8| {
+        variants
+            .iter()
+            .enumerate()
+            .filter(move |(_, v)| group(v) == Some(g))
+    };
+    of(0).chain(of(1)).map(|(i, _)| i).collect()
 }
 
 fn first_line(s: &str) -> &str {
@@ -592,10 +595,7 @@ impl Selection {
 
     /// What the chosen entry is keyed by: `sm_90`, or `NVIDIA H200 (sm_90)`.
     pub fn key(&self) -> String {
-        match self.device {
-            Some(d) => format!("{d} ({})", self.arch),
-            None => self.arch.clone(),
-        }
+        kopt_spec::files::key_text(&self.arch, self.device)
     }
 }
 
