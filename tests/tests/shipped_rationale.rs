@@ -80,6 +80,7 @@ fn every_committed_variant_claims_the_hashes_of_its_files() {
         for vdir in subdirs(&kdir) {
             let read = |f: &str| std::fs::read_to_string(vdir.join(f)).unwrap();
             let (src, vtext) = (read(files::SOURCE_FILE), read(files::VARIANT_FILE));
+            let ptx = std::fs::read_to_string(vdir.join(files::PTX_FILE)).ok();
             let mut r = files::Rationale::parse(&read(files::RATIONALE_JSON)).unwrap();
             let claim = r
                 .claim
@@ -108,7 +109,7 @@ fn every_committed_variant_claims_the_hashes_of_its_files() {
             }
             let claim = r.claim.as_ref().unwrap();
             assert_eq!(
-                claim.compare_files(&src, &vtext),
+                claim.compare_files(&src, &vtext, ptx.as_deref()),
                 files::ClaimedFiles::Match,
                 "{}: the claim's hashes are not those of its files (KOPT_REGENERATE=1 fills in missing ones that the lock vouches for)",
                 vdir.display()

@@ -85,14 +85,15 @@ fn rationale_markdown_of_the_shipped_variant() {
 
 /// A scratch crate holding `kernel` (from `tests/fixtures/candle-style/kernels`) as its
 /// reference and one variant accepted for sm_90, recorded as `cargo kopt accept` records
-/// one: the reference's source, built with `defines`, launched with `block` (text).
+/// one: the reference's source, built with `defines`, launched with `block` (text), with
+/// `ptx` as the PTX its verification loaded, if given.
 fn crate_with_variant(
     kernel: &str,
     args: &proc_macro2::TokenStream,
     item: &proc_macro2::TokenStream,
     variant_id: &str,
-    defines: &[(&str, i64)],
-    block: &str,
+    (defines, block): (&[(&str, i64)], &str),
+    ptx: Option<&str>,
 ) -> tempfile::TempDir {
     use kopt_spec::files::{self, LockEntry, LockFile, VariantFile, VerifiedBy};
     use kopt_spec::{selection::Hashes, source, spec};
@@ -129,10 +130,18 @@ fn crate_with_variant(
         launch,
         defines: defines.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         options: vec![],
+        ptx: ptx.map(|_| files::PtxRecord {
+            nvrtc: "13.0".into(),
+            arch: "sm_90".into(),
+            symbol: None,
+        }),
     };
     let variant_text = variant.render();
     std::fs::write(vdir.join(files::VARIANT_FILE), &variant_text).unwrap();
     std::fs::write(vdir.join(files::SOURCE_FILE), &kernel_text).unwrap();
+    if let Some(ptx) = ptx {
+        std::fs::write(vdir.join(files::PTX_FILE), ptx).unwrap();
+    }
     let mut lock = LockFile::new(&s.name);
     lock.accepted.push(LockEntry {
         arch: "sm_90".into(),
@@ -144,6 +153,7 @@ fn crate_with_variant(
         spec_hash: hashes.spec.clone(),
         source_hash: source::hash(kernel_text.as_bytes()),
         variant_hash: source::hash(variant_text.as_bytes()),
+        ptx_hash: ptx.map(|p| source::hash(p.as_bytes())),
     });
     std::fs::write(
         files::kernel_dir(krate, &s.name).join(files::LOCK_FILE),
@@ -199,8 +209,8 @@ fn expansion_of_a_kernel_with_launch_only_computed_and_fixed_arguments() {
         &args,
         &item,
         "block-1024",
-        &[("BLOCK", 1024)],
-        "min(BLOCK, next_pow2(cols / 2))",
+        (&[("BLOCK", 1024)], "min(BLOCK, next_pow2(cols / 2))"),
+        Some(".version 9.0\n.target sm_90\n.address_size 64\n\n.visible .entry sum_rows_f32(\n)\n{\n\tret;\n}\n"),
     );
     let pretty = expand_in(dir.path(), args, item);
     assert!(pretty.contains("id: \"block-1024\""), "{pretty}");
@@ -230,8 +240,8 @@ fn a_computed_argument_follows_each_versions_launch_rule() {
         &args,
         &item,
         "wide",
-        &[("BLOCK", 1024)],
-        "BLOCK / 2",
+        (&[("BLOCK", 1024)], "BLOCK / 2"),
+        None,
     );
     let pretty = expand_in(dir.path(), args, item);
     let def = &pretty[pretty

@@ -106,6 +106,8 @@ pub struct PendingRecord {
     pub source: String,
     pub variant: VariantFile,
     pub rationale: Rationale,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx: Option<String>,
 }
 
 impl PendingRecord {
@@ -116,6 +118,7 @@ impl PendingRecord {
             source: p.source.clone(),
             variant: p.variant.clone(),
             rationale: p.rationale.clone(),
+            ptx: p.ptx.clone(),
         }
     }
 
@@ -125,6 +128,7 @@ impl PendingRecord {
             source: self.source,
             variant: self.variant,
             rationale: self.rationale,
+            ptx: self.ptx,
         }
     }
 }

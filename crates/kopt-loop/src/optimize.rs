@@ -55,9 +55,22 @@ pub struct LoopEvaluator<'a> {
 impl Evaluate for LoopEvaluator<'_> {
     fn evaluate(
         &mut self,
-        candidate: &KernelVersion,
+        candidate: &mut KernelVersion,
         best_us: Option<&BTreeMap<String, f64>>,
     ) -> Verdict {
+        // Code carried in the version passed the compile fence in the compile pool. Else
+        // the fence compiles it here, and on a GPU its PTX goes into the job: the worker
+        // loads exactly that PTX through the driver, as the generated launcher will.
+        let compiled_ahead = candidate.cubin.is_some() || candidate.ptx.is_some();
+        let refused = match (compiled_ahead, self.fence(candidate)) {
+            (false, Err(verdict)) => Some(verdict),
+            (false, Ok(Some(code))) if !self.target.as_ref().is_some_and(|t| t.1) => {
+                candidate.ptx = code.ptx;
+                candidate.symbol = code.symbol;
+                None
+            }
+            _ => None,
+        };
         let job = eval::job(
             self.g,
             self.k,
@@ -66,13 +79,11 @@ impl Evaluate for LoopEvaluator<'_> {
             &self.settings,
             true,
         );
-        if let Some(verdict) = self.recorded.answer(&job, best_us) {
+        if let Some(verdict) = refused {
             self.last_job = Some(job);
             return verdict;
         }
-        // Code carried in the version passed the compile fence in the compile pool.
-        let compiled_ahead = candidate.cubin.is_some() || candidate.ptx.is_some();
-        if let Some(verdict) = (!compiled_ahead).then(|| self.refused(candidate)).flatten() {
+        if let Some(verdict) = self.recorded.answer(&job, best_us) {
             self.last_job = Some(job);
             return verdict;
         }
@@ -114,14 +125,13 @@ impl Evaluate for LoopEvaluator<'_> {
             spec_options: self.k.spec.options.clone(),
             cc: (major as i32, minor as i32),
             fake: *fake,
+            hand_ptx: true,
         }))
     }
 
+    /// The pool hands PTX (`hand_ptx`), the fake device's pseudo-PTX on the fake one.
     fn attach_code(&self, version: &mut KernelVersion, code: &str) {
-        match self.target {
-            Some((_, true)) => version.ptx = Some(code.to_string()),
-            _ => version.cubin = Some(code.to_string()),
-        }
+        version.ptx = Some(code.to_string());
     }
 }
 
@@ -147,12 +157,22 @@ impl<'a> LoopEvaluator<'a> {
 
     /// The compile fence on the CPU ([`kopt_engine::precompile`]): a version that does not
     /// compile for the device's architecture, or whose module lacks its entry, gets its
-    /// verdict here (`Some`), and no worker sees it.
-    fn refused(&self, version: &KernelVersion) -> Option<Verdict> {
-        let (arch, fake) = self.target.as_ref()?;
+    /// verdict here (`Err`), and no worker sees it. `Ok(None)`: the device could not be
+    /// asked its architecture, and the engine reports that itself.
+    fn fence(
+        &self,
+        version: &KernelVersion,
+    ) -> Result<Option<kopt_engine::precompile::Precompiled>, Verdict> {
+        let Some((arch, fake)) = self.target.as_ref() else {
+            return Ok(None);
+        };
         kopt_engine::precompile::precompile(&self.k.spec.name, version, arch, *fake)
-            .err()
-            .map(|why| kopt_engine::precompile::rejected(&why))
+            .map(Some)
+            .map_err(|why| kopt_engine::precompile::rejected(&why))
+    }
+
+    fn refused(&self, version: &KernelVersion) -> Option<Verdict> {
+        self.fence(version).err()
     }
 
     /// Verifies `version` against the reference with figures measured now, never from
@@ -1716,6 +1736,8 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         Some(r) => format!("{} {}", summary.trim_end(), win_rule(r)),
         None => summary,
     };
+    let compile = kopt_engine::precompile::record(&k.spec.name, version, arch);
+    let (ptx, ptx_record) = verified_ptx(version, device_name, compile.as_ref());
     let e = Evidence {
         kernel: k.spec.name.clone(),
         variant: variant_id.clone(),
@@ -1776,7 +1798,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         },
         measurements,
         search,
-        compile: kopt_engine::precompile::record(&k.spec.name, version, arch),
+        compile: compile.clone(),
         device: evidence::Device {
             name: device_name.to_string(),
             driver: format!("CUDA {}.{}", driver_api / 1000, (driver_api % 1000) / 10),
@@ -1797,6 +1819,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         launch: version.launch.clone(),
         defines: version.defines.clone(),
         options: version.options.clone(),
+        ptx: ptx_record,
     };
     let meta = PendingMeta {
         format: files::FORMAT,
@@ -1850,9 +1873,34 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         source: version.source.clone(),
         variant,
         rationale,
+        ptx,
     };
     p.validate().map_err(Error::Refused)?;
     Ok(p)
+}
+
+/// The PTX a winner's verification loaded, and what compiled it, to keep with the pending
+/// variant: the worker loaded `version.ptx` (the compile fence's PTX, attached to the job
+/// by the loop's evaluator and the search's verification). None on the fake device (its
+/// "PTX" is made up), for a version the worker loaded as a cubin, or without the compile
+/// figures that name the NVRTC (then the launcher compiles the source).
+pub fn verified_ptx(
+    version: &KernelVersion,
+    device_name: &str,
+    compile: Option<&files::CompileFigures>,
+) -> (Option<String>, Option<files::PtxRecord>) {
+    let (Some(ptx), Some(c)) = (&version.ptx, compile) else {
+        return (None, None);
+    };
+    if files::is_fake_device(device_name) || version.cubin.is_some() {
+        return (None, None);
+    }
+    let record = files::PtxRecord {
+        nvrtc: c.nvrtc.clone(),
+        arch: c.arch.clone(),
+        symbol: version.symbol.clone(),
+    };
+    (Some(ptx.clone()), Some(record))
 }
 
 /// The rationale's sentence on the rule for a new best that a winner cleared.

@@ -109,6 +109,11 @@ pub struct NvrtcCompiler {
     pub spec_options: Vec<String>,
     pub cc: (i32, i32),
     pub fake: bool,
+    /// Hand the worker a point's PTX (loaded through the driver, as the generated
+    /// launcher loads a variant's verified PTX) rather than its cubin (loaded without the
+    /// driver's JIT: quicker for a search over many points). The optimisation loop's
+    /// matrices hand PTX, so that a winning point keeps the PTX that was verified.
+    pub hand_ptx: bool,
 }
 
 /// The version a point stands for: `base` (the reference, or the candidate searched
@@ -170,7 +175,8 @@ pub struct CompiledCode {
 }
 
 impl CompiledCode {
-    /// Attaches the code to `v` for the worker to load instead of compiling.
+    /// Attaches the code to `v` for the worker to load instead of compiling: the cubin
+    /// where there is one, else the PTX.
     pub fn attach(&self, v: &mut KernelVersion) {
         match &self.cubin {
             Some(c) => v.set_cubin(c),
@@ -179,9 +185,25 @@ impl CompiledCode {
         v.symbol = self.symbol.clone();
     }
 
+    /// Attaches the PTX only (where NVRTC gave one, else the cubin): what a variant's
+    /// verification loads, so that the PTX kept with it is the one that was verified.
+    pub fn attach_ptx(&self, v: &mut KernelVersion) {
+        match &self.ptx {
+            Some(p) => {
+                v.ptx = Some(p.clone());
+                v.symbol = self.symbol.clone();
+            }
+            None => self.attach(v),
+        }
+    }
+
     /// One string for the search's compile pool: the base64 cubin, or the PTX.
-    fn to_pool(&self, v: &mut KernelVersion) -> String {
-        self.attach(v);
+    fn to_pool(&self, v: &mut KernelVersion, hand_ptx: bool) -> String {
+        if hand_ptx {
+            self.attach_ptx(v);
+        } else {
+            self.attach(v);
+        }
         v.cubin
             .clone()
             .or_else(|| v.ptx.clone())
@@ -200,7 +222,7 @@ impl Compiler for NvrtcCompiler {
                     metrics.insert("global_load_bytes".into(), f64::from(b));
                 }
                 Compiled::Ok {
-                    code: compiled.to_pool(&mut v),
+                    code: compiled.to_pool(&mut v, self.hand_ptx),
                     seconds: t.elapsed().as_secs_f64(),
                     metrics,
                 }
@@ -251,6 +273,7 @@ impl<'a> EngineEvaluator<'a> {
                 device.compute_capability.1 as i32,
             ),
             fake,
+            hand_ptx: false,
         });
         let base = template.clone();
         let mut reference = template;
@@ -294,6 +317,7 @@ impl<'a> EngineEvaluator<'a> {
             spec_options: self.k.spec.options.clone(),
             cc: self.compiler.cc,
             fake: self.compiler.fake,
+            hand_ptx: false,
         });
         self.base = base;
         self
@@ -349,7 +373,7 @@ impl<'a> EngineEvaluator<'a> {
         let mut v = self.version(p, None);
         let compiled = self.compiler.compile_version(&v);
         if let Ok(code) = &compiled {
-            code.attach(&mut v);
+            code.attach_ptx(&mut v);
         }
         let settings = eval::Settings {
             timing: TimingPolicy::default(),
@@ -1200,8 +1224,13 @@ fn save_winner(
             matrix: None,
         },
     };
+    // The code its verification loaded (`verify` hands the worker the point's PTX).
+    let verified = &w.job.candidate;
     let version = KernelVersion {
         id: format!("search-{}", w.best.label.replace([' ', '='], "-")),
+        ptx: verified.ptx.clone(),
+        cubin: verified.cubin.clone(),
+        symbol: verified.symbol.clone(),
         ..best_version
     };
     let pending = crate::optimize::pending_variant(&crate::optimize::Winner {

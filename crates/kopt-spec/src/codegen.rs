@@ -168,6 +168,7 @@ pub fn generate(
         &spec.reference_options(),
         &spec.launch,
         &defines,
+        None,
     );
     let usable: Vec<_> = state
         .entries
@@ -190,6 +191,7 @@ pub fn generate(
                 &u.variant.compile_options(),
                 &u.variant.launch,
                 &u.variant.defines,
+                embedded_ptx(entry, u),
             )
         })
         .collect();
@@ -321,6 +323,7 @@ fn variant_def(
     options: &[String],
     launch: &spec::LaunchRule,
     defines: &BTreeMap<String, i64>,
+    ptx: Option<(&str, &str, &str)>,
 ) -> TokenStream {
     let compile = |e: &crate::expr::Expr| {
         ops_tokens(
@@ -359,6 +362,14 @@ fn variant_def(
         }
         None => quote!(::core::option::Option::None),
     };
+    let ptx = match ptx {
+        Some((text, symbol, nvrtc)) => quote!(::core::option::Option::Some(#kopt::PtxDef {
+            text: #text,
+            symbol: #symbol,
+            nvrtc: #nvrtc,
+        })),
+        None => quote!(::core::option::Option::None),
+    };
     quote! {
         #kopt::VariantDef {
             id: #id,
@@ -372,8 +383,26 @@ fn variant_def(
             block: [#(#block),*],
             smem: #smem,
             cluster: #cluster,
+            ptx: #ptx,
         }
     }
+}
+
+/// The verified PTX to embed for a lock entry, as (text, symbol, NVRTC version): only PTX
+/// compiled for the entry's architecture (a variant pinned to another one is compiled
+/// from its source at first launch).
+fn embedded_ptx<'a>(
+    entry: &files::LockEntry,
+    u: &'a crate::selection::UsableVariant,
+) -> Option<(&'a str, &'a str, &'a str)> {
+    let (text, record) = (u.ptx.as_deref()?, u.variant.ptx.as_ref()?);
+    (files::parse_arch(&record.arch) == files::parse_arch(&entry.arch)).then(|| {
+        (
+            text,
+            record.symbol.as_deref().unwrap_or(&u.variant.entry),
+            record.nvrtc.as_str(),
+        )
+    })
 }
 
 fn ops_tokens(kopt: &TokenStream, ops: &[Op]) -> TokenStream {

@@ -38,6 +38,8 @@ pub const SOURCE_FILE: &str = "kernel.cu";
 pub const VARIANT_FILE: &str = "variant.toml";
 pub const RATIONALE_JSON: &str = "rationale.json";
 pub const RATIONALE_MD: &str = "RATIONALE.md";
+/// The PTX that verification loaded, kept with the variant (see [`PtxRecord`]).
+pub const PTX_FILE: &str = "kernel.ptx";
 
 /// Whether `name` may name a variant (a folder under `kopt/<kernel>/`): ASCII letters,
 /// digits, `-`, `_` and `.`, not starting with `.` (kopt's own temporary folders do).
@@ -92,6 +94,11 @@ pub struct LockEntry {
     pub source_hash: String,
     /// Hash of the variant's `variant.toml`.
     pub variant_hash: String,
+    /// Hash of the variant's `kernel.ptx`, the PTX its verification loaded (see
+    /// [`PtxRecord`]); absent for a variant accepted without one (it is compiled from
+    /// `kernel.cu` at first launch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx_hash: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,6 +280,33 @@ pub struct VariantFile {
     /// Further NVRTC options.
     #[serde(default)]
     pub options: Vec<String>,
+    /// What compiled the variant's `kernel.ptx`, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx: Option<PtxRecord>,
+}
+
+/// What made a variant's `kernel.ptx`: the PTX its verification compiled and the worker
+/// loaded through the driver, which the generated launcher embeds and loads the same way
+/// (no NVRTC at run time). The lock's `ptx_hash` covers the file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtxRecord {
+    /// NVRTC's version (`13.0`): a driver older than it may refuse the PTX, and the
+    /// launcher then compiles `kernel.cu` instead.
+    pub nvrtc: String,
+    /// The architecture it was compiled for (`sm_90`, or `sm_90a` where the options
+    /// name it): the launcher loads it only on a device of the lock entry's architecture.
+    pub arch: String,
+    /// The entry's name in the PTX where it differs from `entry` (NVRTC's lowered name
+    /// of a name expression such as `softmax<float>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+}
+
+impl PtxRecord {
+    /// `NVRTC 13.0, sm_90`.
+    pub fn describe(&self) -> String {
+        format!("NVRTC {}, {}", self.nvrtc, self.arch)
+    }
 }
 
 const VARIANT_HEADER: &str = "\
@@ -446,6 +480,10 @@ pub struct Claim {
     /// Hash of the variant's `variant.toml` as it was verified (absent as `source_hash`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant_hash: Option<String>,
+    /// Hash of the variant's `kernel.ptx`, the PTX verification loaded; absent for a
+    /// variant without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx_hash: Option<String>,
 }
 
 /// How a variant folder's `kernel.cu` and `variant.toml` compare with what its claim
@@ -463,8 +501,14 @@ pub enum ClaimedFiles {
 }
 
 impl Claim {
-    /// Compares a variant's files with the hashes the claim recorded.
-    pub fn compare_files(&self, source: &str, variant_text: &str) -> ClaimedFiles {
+    /// Compares a variant's files with the hashes the claim recorded (`ptx`: its
+    /// `kernel.ptx`, where `variant.toml` records one).
+    pub fn compare_files(
+        &self,
+        source: &str,
+        variant_text: &str,
+        ptx: Option<&str>,
+    ) -> ClaimedFiles {
         let recorded = [
             (SOURCE_FILE, &self.source_hash, source),
             (VARIANT_FILE, &self.variant_hash, variant_text),
@@ -476,6 +520,9 @@ impl Claim {
             {
                 return ClaimedFiles::Differs(file);
             }
+        }
+        if self.ptx_hash.as_deref() != ptx.map(|p| crate::source::hash(p.as_bytes())).as_deref() {
+            return ClaimedFiles::Differs(PTX_FILE);
         }
         if self.source_hash.is_some() && self.variant_hash.is_some() {
             ClaimedFiles::Match
@@ -1043,31 +1090,53 @@ mod tests {
             spec_hash: "sha256:s".into(),
             source_hash: source.map(|t| crate::source::hash(t.as_bytes())),
             variant_hash: variant.map(|t| crate::source::hash(t.as_bytes())),
+            ptx_hash: None,
         }
     }
 
     #[test]
     fn a_claim_names_the_file_that_differs_from_what_was_verified() {
         let c = claim(Some("src"), Some("toml"));
-        assert_eq!(c.compare_files("src", "toml"), ClaimedFiles::Match);
+        assert_eq!(c.compare_files("src", "toml", None), ClaimedFiles::Match);
         assert_eq!(
-            c.compare_files("src // edited", "toml"),
+            c.compare_files("src // edited", "toml", None),
             ClaimedFiles::Differs(SOURCE_FILE)
         );
         assert_eq!(
-            c.compare_files("src", "toml # edited"),
+            c.compare_files("src", "toml # edited", None),
             ClaimedFiles::Differs(VARIANT_FILE)
+        );
+        // A PTX the claim does not record, or another than it records, differs.
+        assert_eq!(
+            c.compare_files("src", "toml", Some(".version 8.8")),
+            ClaimedFiles::Differs(PTX_FILE)
+        );
+        let with_ptx = Claim {
+            ptx_hash: Some(crate::source::hash(b".version 8.8")),
+            ..c.clone()
+        };
+        assert_eq!(
+            with_ptx.compare_files("src", "toml", Some(".version 8.8")),
+            ClaimedFiles::Match
+        );
+        assert_eq!(
+            with_ptx.compare_files("src", "toml", Some(".version 8.8 // edited")),
+            ClaimedFiles::Differs(PTX_FILE)
+        );
+        assert_eq!(
+            with_ptx.compare_files("src", "toml", None),
+            ClaimedFiles::Differs(PTX_FILE)
         );
         // An older claim records no hashes: nothing can be told.
         assert_eq!(
-            claim(None, None).compare_files("anything", "at all"),
+            claim(None, None).compare_files("anything", "at all", None),
             ClaimedFiles::Unrecorded
         );
         // A recorded hash is checked even when the other is missing.
         let half = claim(Some("src"), None);
-        assert_eq!(half.compare_files("src", "x"), ClaimedFiles::Unrecorded);
+        assert_eq!(half.compare_files("src", "x", None), ClaimedFiles::Unrecorded);
         assert_eq!(
-            half.compare_files("other", "x"),
+            half.compare_files("other", "x", None),
             ClaimedFiles::Differs(SOURCE_FILE)
         );
     }

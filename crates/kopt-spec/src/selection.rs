@@ -35,6 +35,9 @@ pub struct UsableVariant {
     pub source: String,
     /// The region's text and its parsed form.
     pub region: Option<expr::Expr>,
+    /// The PTX its verification loaded (`kernel.ptx`, matching the lock's `ptx_hash`),
+    /// for the launcher to load without NVRTC; `None` for a variant without one.
+    pub ptx: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -318,11 +321,60 @@ fn resolve_entry(
             variant.entry
         )));
     }
+    let ptx = resolve_ptx(entry, &variant, vdir, tracked)?;
     Ok(UsableVariant {
         variant,
         source: src,
         region,
+        ptx,
     })
+}
+
+/// The entry's `kernel.ptx`: present exactly when the lock names its hash and
+/// `variant.toml` says what compiled it, and matching that hash.
+fn resolve_ptx(
+    entry: &LockEntry,
+    variant: &VariantFile,
+    vdir: &Path,
+    tracked: &mut Vec<PathBuf>,
+) -> Result<Option<String>, Unusable> {
+    let corrupt = |m: String| Unusable::Corrupt(m);
+    let (hash, record) = match (&entry.ptx_hash, &variant.ptx) {
+        (None, None) => return Ok(None),
+        (Some(h), Some(r)) => (h, r),
+        (Some(_), None) => {
+            return Err(corrupt(format!(
+                "the lock names a {} hash, but {} records no PTX",
+                files::PTX_FILE,
+                files::VARIANT_FILE
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(corrupt(format!(
+                "{} records a PTX, but the lock names no {} hash",
+                files::VARIANT_FILE,
+                files::PTX_FILE
+            )))
+        }
+    };
+    let path = vdir.join(files::PTX_FILE);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| corrupt(format!("cannot read {}: {e}", files::PTX_FILE)))?;
+    tracked.push(path);
+    if source::hash(text.as_bytes()) != *hash {
+        return Err(corrupt(format!(
+            "{} does not match the hash in the lock file (edited after it was accepted)",
+            files::PTX_FILE
+        )));
+    }
+    if files::parse_arch(&record.arch).is_none() {
+        return Err(corrupt(format!(
+            "{}: `{}` is not an architecture the PTX was compiled for",
+            files::VARIANT_FILE,
+            record.arch
+        )));
+    }
+    Ok(Some(text))
 }
 
 /// The audit files must exist and agree; they do not affect which kernel runs.
@@ -563,7 +615,8 @@ pub fn audit_variant_folders(crate_root: &Path, kernel: &str, state: &KernelStat
                 continue;
             }
         };
-        match claim.compare_files(&source, &variant_text) {
+        let ptx = std::fs::read_to_string(vdir.join(files::PTX_FILE)).ok();
+        match claim.compare_files(&source, &variant_text, ptx.as_deref()) {
             files::ClaimedFiles::Match => {}
             files::ClaimedFiles::Differs(file) => out.problems.push(problem(
                 format!(
@@ -803,6 +856,7 @@ mod tests {
             spec_hash: "sha256:s".into(),
             source_hash: hashes.then(|| source::hash(SRC.as_bytes())),
             variant_hash: hashes.then(|| source::hash(TOML.as_bytes())),
+            ptx_hash: None,
         });
         std::fs::write(d.join(files::RATIONALE_JSON), r.to_json()).unwrap();
         std::fs::write(d.join(files::RATIONALE_MD), r.render_markdown()).unwrap();
@@ -822,6 +876,7 @@ mod tests {
                 spec_hash: "sha256:s".into(),
                 source_hash: source::hash(SRC.as_bytes()),
                 variant_hash: source::hash(TOML.as_bytes()),
+                ptx_hash: None,
             });
         }
         KernelState {

@@ -265,6 +265,7 @@ pub fn plan_accept(
         spec_hash: p.meta.spec_hash.clone(),
         source_hash: Some(source::hash(p.source.as_bytes())),
         variant_hash: Some(source::hash(variant_text.as_bytes())),
+        ptx_hash: p.ptx_hash(),
     });
     let entry = LockEntry {
         arch: p.meta.arch.clone(),
@@ -276,6 +277,7 @@ pub fn plan_accept(
         spec_hash: p.meta.spec_hash.clone(),
         source_hash: source::hash(p.source.as_bytes()),
         variant_hash: source::hash(variant_text.as_bytes()),
+        ptx_hash: p.ptx_hash(),
     };
 
     // The folder: new, or the same code verified again; anything else is a conflict.
@@ -288,7 +290,8 @@ pub fn plan_accept(
             && std::fs::read_to_string(vdir.join(files::VARIANT_FILE))
                 .ok()
                 .as_deref()
-                == Some(variant_text.as_str());
+                == Some(variant_text.as_str())
+            && std::fs::read_to_string(vdir.join(files::PTX_FILE)).ok() == p.ptx;
         if !same {
             return Err(Error::Conflict(format!(
                 "{} already holds another variant of that name (an accepted variant's files are never overwritten); accept this one under a new name: `cargo kopt accept {kernel} --arch {} --as {}-2`",
@@ -303,7 +306,7 @@ pub fn plan_accept(
     };
 
     // The build must be able to use it: resolve it exactly as the macro will.
-    check_usable(t, kopt, &entry, &p.source, &variant_text, &p.rationale)?;
+    check_usable(t, kopt, &entry, (&p.source, &variant_text, p.ptx.as_deref()), &p.rationale)?;
 
     let lock = t.read_lock()?;
     let state = selection::resolve(t.crate_root, t.spec, t.hashes);
@@ -409,6 +412,8 @@ fn place(
         variant: variant.clone(),
         source: source.to_string(),
         region,
+        // Where a variant runs does not depend on its PTX.
+        ptx: None,
     };
     let shapes = selection::known_shapes(t.spec);
     let placement = selection::place(state, t.spec, entry, &usable, &shapes);
@@ -423,8 +428,7 @@ fn check_usable(
     t: &KernelTarget,
     kopt: &KoptDir,
     entry: &LockEntry,
-    src: &str,
-    variant_text: &str,
+    (src, variant_text, ptx): (&str, &str, Option<&str>),
     rationale: &Rationale,
 ) -> Result<()> {
     let scratch = fsx::hidden_sibling(&kopt.scratch_root().join("accept"), "tmp");
@@ -435,6 +439,9 @@ fn check_usable(
         let write = |p: PathBuf, text: &str| std::fs::write(&p, text).map_err(io(&p));
         write(vdir.join(files::SOURCE_FILE), src)?;
         write(vdir.join(files::VARIANT_FILE), variant_text)?;
+        if let Some(ptx) = ptx {
+            write(vdir.join(files::PTX_FILE), ptx)?;
+        }
         write(vdir.join(files::RATIONALE_JSON), &rationale.to_json())?;
         write(vdir.join(files::RATIONALE_MD), &rationale.render_markdown())?;
         let mut lock = LockFile::new(t.kernel());
@@ -540,15 +547,16 @@ pub fn apply_accept_until(
                 fsx::abandon(&tmp);
                 return Ok(None);
             }
-            fsx::write_dir_atomic(
-                &vdir,
-                &[
-                    (files::SOURCE_FILE, p.source.as_bytes()),
-                    (files::VARIANT_FILE, variant_text.as_bytes()),
-                    (files::RATIONALE_JSON, json.as_bytes()),
-                    (files::RATIONALE_MD, md.as_bytes()),
-                ],
-            )?;
+            let mut folder = vec![
+                (files::SOURCE_FILE, p.source.as_bytes()),
+                (files::VARIANT_FILE, variant_text.as_bytes()),
+                (files::RATIONALE_JSON, json.as_bytes()),
+                (files::RATIONALE_MD, md.as_bytes()),
+            ];
+            if let Some(ptx) = &p.ptx {
+                folder.push((files::PTX_FILE, ptx.as_bytes()));
+            }
+            fsx::write_dir_atomic(&vdir, &folder)?;
         }
         FolderAction::RefreshAudit => {
             // kernel.cu and variant.toml (what the lock hashes) are already these bytes;
@@ -705,6 +713,10 @@ pub fn reactivate(
         .map_err(|e| Error::Invalid(format!("{relv}/{}: {e}", files::RATIONALE_JSON)))?;
     let v = VariantFile::parse(&vtext)
         .map_err(|e| Error::Invalid(format!("{relv}/{}: {e}", files::VARIANT_FILE)))?;
+    let ptx = match &v.ptx {
+        Some(_) => Some(read(files::PTX_FILE)?),
+        None => None,
+    };
     if v.kernel != kernel || v.id != variant || r.kernel != kernel || r.variant != variant {
         return Err(Error::Invalid(format!(
             "{relv} describes another variant (variant.toml: `{}/{}`, rationale.json: `{}/{}`)",
@@ -733,7 +745,7 @@ pub fn reactivate(
     }
     // Re-activating writes the claim's `verified_by` into the lock: only the very files
     // that were verified may get it.
-    match claim.compare_files(&src, &vtext) {
+    match claim.compare_files(&src, &vtext, ptx.as_deref()) {
         ClaimedFiles::Match => {}
         ClaimedFiles::Differs(file) => {
             return Err(Error::Invalid(format!(
@@ -769,8 +781,9 @@ pub fn reactivate(
         spec_hash: claim.spec_hash.clone(),
         source_hash: source::hash(src.as_bytes()),
         variant_hash: source::hash(vtext.as_bytes()),
+        ptx_hash: ptx.as_ref().map(|p| source::hash(p.as_bytes())),
     };
-    check_usable(t, kopt, &entry, &src, &vtext, &r)?;
+    check_usable(t, kopt, &entry, (&src, &vtext, ptx.as_deref()), &r)?;
     fsx::clean_leftovers(&t.kernel_dir());
     let lock = t.read_lock()?;
     let created = lock.is_none();

@@ -7,6 +7,7 @@
 //! kernel.cu        the candidate's self-contained source
 //! variant.toml     its entry point, launch rule, defines and options (the committed format)
 //! rationale.json   its audit record (the committed format; RATIONALE.md is rendered on accept)
+//! kernel.ptx       the PTX its verification loaded, when variant.toml's `[ptx]` says so
 //! ```
 //!
 //! [`save`] writes the folder atomically (temporary folder, synced, renamed), so an
@@ -95,6 +96,9 @@ pub struct PendingVariant {
     pub source: String,
     pub variant: VariantFile,
     pub rationale: Rationale,
+    /// The PTX the worker loaded when it verified the variant (`kernel.ptx`), present
+    /// exactly when `variant.ptx` records what compiled it.
+    pub ptx: Option<String>,
 }
 
 impl PendingVariant {
@@ -188,6 +192,29 @@ impl PendingVariant {
                 v.entry
             ));
         }
+        match (&v.ptx, &self.ptx) {
+            (Some(_), None) => {
+                return bad(format!(
+                    "{} records a PTX, but there is no {}",
+                    files::VARIANT_FILE,
+                    files::PTX_FILE
+                ))
+            }
+            (None, Some(_)) => {
+                return bad(format!(
+                    "there is a {}, but {} does not record what compiled it",
+                    files::PTX_FILE,
+                    files::VARIANT_FILE
+                ))
+            }
+            (Some(r), Some(_)) if files::parse_arch(&r.arch) != files::parse_arch(&m.arch) => {
+                return bad(format!(
+                    "its PTX was compiled for {}, not {}",
+                    r.arch, m.arch
+                ))
+            }
+            _ => {}
+        }
         if m.evidence.fences.is_empty() || m.evidence.shapes_checked.is_empty() {
             return bad("no verification evidence (fences and shapes checked): only verified candidates may wait for review".into());
         }
@@ -204,12 +231,21 @@ impl PendingVariant {
     fn files(&self) -> Vec<(&'static str, Vec<u8>)> {
         let mut meta = serde_json::to_string_pretty(&self.meta).expect("pending serialises");
         meta.push('\n');
-        vec![
+        let mut files = vec![
             (PENDING_FILE, meta.into_bytes()),
             (files::SOURCE_FILE, self.source.clone().into_bytes()),
             (files::VARIANT_FILE, self.variant.render().into_bytes()),
             (files::RATIONALE_JSON, self.rationale.to_json().into_bytes()),
-        ]
+        ];
+        if let Some(ptx) = &self.ptx {
+            files.push((files::PTX_FILE, ptx.clone().into_bytes()));
+        }
+        files
+    }
+
+    /// Hash of kernel.ptx, as the lock file will record it.
+    pub fn ptx_hash(&self) -> Option<String> {
+        self.ptx.as_ref().map(|p| source::hash(p.as_bytes()))
     }
 
     /// Hash of kernel.cu, as the lock file will record it.
@@ -309,11 +345,16 @@ pub fn load_dir(dir: &Path) -> Result<PendingVariant> {
             dir.join(files::RATIONALE_JSON).display()
         ))
     })?;
+    let ptx = match &variant.ptx {
+        Some(_) => Some(read(files::PTX_FILE)?),
+        None => None,
+    };
     let p = PendingVariant {
         meta,
         source: read(files::SOURCE_FILE)?,
         variant,
         rationale,
+        ptx,
     };
     p.validate()?;
     Ok(p)

@@ -269,6 +269,11 @@ pub fn pin(
     let vtext = read(files::VARIANT_FILE)?;
     let v = VariantFile::parse(&vtext)
         .map_err(|e| EditError::Invalid(format!("{relv}/{}: {e}", files::VARIANT_FILE)))?;
+    let ptx = match &v.ptx {
+        Some(_) => Some(read(files::PTX_FILE)?),
+        None => None,
+    };
+    let ptx_hash = ptx.as_ref().map(|p| source::hash(p.as_bytes()));
     if v.kernel != k.spec.name || v.id != variant {
         return Err(EditError::Invalid(format!(
             "{relv}/{} says kernel `{}` variant `{}`; expected `{}` and `{variant}`",
@@ -327,7 +332,7 @@ pub fn pin(
     // folder stays tamper-evident (and can come back with `revert --to`) after the lock no
     // longer names it. A claim of kopt's own verification of these files is kept.
     let kept = r.claim.as_ref().is_some_and(|c| {
-        c.verified_by == VerifiedBy::Kopt && c.compare_files(&src, &vtext) == ClaimedFiles::Match
+        c.verified_by == VerifiedBy::Kopt && c.compare_files(&src, &vtext, ptx.as_deref()) == ClaimedFiles::Match
     });
     if !kept {
         let claim = Claim {
@@ -338,6 +343,7 @@ pub fn pin(
             spec_hash: k.hashes.spec.clone(),
             source_hash: Some(source::hash(src.as_bytes())),
             variant_hash: Some(source::hash(vtext.as_bytes())),
+            ptx_hash: ptx_hash.clone(),
         };
         if r.claim.as_ref() != Some(&claim) {
             r.claim = Some(claim);
@@ -359,6 +365,7 @@ pub fn pin(
         spec_hash: k.hashes.spec.clone(),
         source_hash: source::hash(src.as_bytes()),
         variant_hash: source::hash(vtext.as_bytes()),
+        ptx_hash,
     };
     let key = entry.key();
     let summary = match lock

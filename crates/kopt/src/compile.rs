@@ -540,10 +540,34 @@ pub(crate) fn load(
     cc: (i32, i32),
 ) -> Result<CudaFunction, Error> {
     let compiled = compile_module(kernel, def.id, def.source, def.options, cc, Some(def.entry))?;
-    let module = ctx
-        .load_module(compiled.ptx)
-        .map_err(|e| module_load_error(kernel, def.id, e))?;
     let symbol = compiled.entry.as_deref().unwrap_or(def.entry);
+    load_function(ctx, kernel, def, compiled.ptx, symbol, cc)
+}
+
+/// Loads a variant's embedded verified PTX into `ctx` through the driver: no NVRTC.
+pub(crate) fn load_ptx(
+    ctx: &Arc<CudaContext>,
+    kernel: &'static str,
+    def: &VariantDef,
+    ptx: &crate::kernel::PtxDef,
+    cc: (i32, i32),
+) -> Result<CudaFunction, Error> {
+    let code = cudarc::nvrtc::Ptx::from_src(ptx.text);
+    load_function(ctx, kernel, def, code, ptx.symbol, cc)
+}
+
+/// Loads `code` into `ctx`, finds `symbol` and opens the function's launch limits.
+fn load_function(
+    ctx: &Arc<CudaContext>,
+    kernel: &'static str,
+    def: &VariantDef,
+    code: cudarc::nvrtc::Ptx,
+    symbol: &str,
+    cc: (i32, i32),
+) -> Result<CudaFunction, Error> {
+    let module = ctx
+        .load_module(code)
+        .map_err(|e| module_load_error(kernel, def.id, e))?;
     let f = module.load_function(symbol).map_err(|e| Error::NoEntry {
         kernel: kernel.to_string(),
         variant: def.id.to_string(),

@@ -48,6 +48,19 @@ pub struct VariantDef {
     pub smem: &'static [Op],
     /// Cluster dimensions set at launch (`None`: none).
     pub cluster: Option<[&'static [Op]; 3]>,
+    /// The PTX the variant's verification loaded, when its lock entry has one for this
+    /// architecture: loaded through the driver at first launch, without NVRTC.
+    pub ptx: Option<PtxDef>,
+}
+
+/// A variant's verified PTX, embedded at build from its `kernel.ptx`.
+#[derive(Debug)]
+pub struct PtxDef {
+    pub text: &'static str,
+    /// The entry's name in the PTX (NVRTC's lowered name of a name expression).
+    pub symbol: &'static str,
+    /// The NVRTC that compiled it (`13.0`).
+    pub nvrtc: &'static str,
 }
 
 /// A kernel argument the launcher computes (`args = (.., block_size: i32 = block_x)`):
@@ -109,10 +122,17 @@ struct Loaded {
     arch: String,
     /// The device's name, as the driver gives it.
     device: String,
-    reference: CudaFunction,
+    /// Its compute capability.
+    cc: (i32, i32),
+    /// Compiled by NVRTC at the first launch that needs it, under the kernel's `init`
+    /// lock: a process whose launches all run variants with embedded PTX never loads
+    /// NVRTC.
+    reference: OnceLock<CudaFunction>,
     /// Aligned with `def.variants`: the function where the variant is for this
-    /// architecture (and this device, if it names one) and compiled, else `None`.
+    /// architecture (and this device, if it names one) and loaded, else `None`.
     variants: Vec<Option<CudaFunction>>,
+    /// Aligned with `def.variants`: how each loaded variant's code got here.
+    origins: Vec<Option<CodeOrigin>>,
     /// Indices into `def.variants` in the order they are tried here: those keyed by
     /// this device, then the architecture's, each in lock order.
     order: Vec<usize>,
@@ -183,15 +203,74 @@ impl Launch<'_> {
     }
 }
 
+/// How a variant's code came to run in this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodeOrigin {
+    /// Its verified PTX, embedded at build, loaded through the driver: the bytes its
+    /// verification loaded, and no NVRTC.
+    VerifiedPtx { nvrtc: &'static str },
+    /// Compiled from its source by NVRTC in this process, and why not from verified PTX.
+    Compiled { why: String },
+}
+
+impl fmt::Display for CodeOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodeOrigin::VerifiedPtx { nvrtc } => {
+                write!(f, "its verified PTX (NVRTC {nvrtc}), loaded by the driver")
+            }
+            CodeOrigin::Compiled { why } => write!(f, "compiled here by NVRTC: {why}"),
+        }
+    }
+}
+
+/// Loads a variant: its embedded PTX through the driver, else its source through NVRTC.
+/// The error says why each failed.
+fn load_variant(
+    ctx: &std::sync::Arc<cudarc::driver::CudaContext>,
+    kernel: &'static str,
+    v: &VariantDef,
+    cc: (i32, i32),
+) -> Result<(CudaFunction, CodeOrigin), String> {
+    let why = match &v.ptx {
+        None => "no verified PTX is embedded for this architecture".to_string(),
+        Some(_) if ignore_ptx() => format!("{IGNORE_PTX} is set"),
+        Some(p) => match compile::load_ptx(ctx, kernel, v, p, cc) {
+            Ok(f) => return Ok((f, CodeOrigin::VerifiedPtx { nvrtc: p.nvrtc })),
+            Err(e) => format!(
+                "the driver refused its verified PTX (NVRTC {}): {}",
+                p.nvrtc,
+                first_line(&e.to_string())
+            ),
+        },
+    };
+    match compile::load(ctx, kernel, v, cc) {
+        Ok(f) => Ok((f, CodeOrigin::Compiled { why })),
+        Err(e) if v.ptx.is_some() => Err(format!("{why}; compiling its source failed too: {e}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The switch that makes launchers compile every variant from its source with NVRTC,
+/// ignoring the verified PTX embedded at build (to tell whether a problem is the PTX's).
+pub const IGNORE_PTX: &str = "KOPT_IGNORE_PTX";
+
+fn ignore_ptx() -> bool {
+    static IGNORE: OnceLock<bool> = OnceLock::new();
+    *IGNORE.get_or_init(|| env_flag(IGNORE_PTX))
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name)
+        .map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"))
+        .unwrap_or(false)
+}
+
 /// Whether `KOPT_DISABLE` forces the reference. Read once, at the first launch of the
 /// process, so that it costs nothing on the hot path.
 pub fn disabled() -> bool {
     static DISABLED: OnceLock<bool> = OnceLock::new();
-    *DISABLED.get_or_init(|| {
-        std::env::var("KOPT_DISABLE")
-            .map(|v| !matches!(v.trim(), "" | "0" | "false" | "no" | "off"))
-            .unwrap_or(false)
-    })
+    *DISABLED.get_or_init(|| env_flag("KOPT_DISABLE"))
 }
 
 impl Kernel {
@@ -265,7 +344,10 @@ impl Kernel {
     #[doc(hidden)]
     pub fn prepare(&self, stream: &CudaStream, args: &[i64]) -> Result<Launch<'_>, Error> {
         let loaded = self.loaded(stream)?;
-        let (version, def, function) = self.pick(loaded, args);
+        let (version, def, function) = match self.pick(loaded, args) {
+            Some((i, def, f)) => (Some(i), def, f),
+            None => (None, &self.def.reference, self.reference(stream, loaded)?),
+        };
         let dim = |p: &'static [Op], what: &'static str| -> Result<u32, Error> {
             let v = expr::eval(p, args).map_err(|e| Error::Expr {
                 kernel: self.def.name,
@@ -329,21 +411,45 @@ impl Kernel {
         })
     }
 
+    /// The first loaded variant, in try order, whose region holds; `None`: the reference.
     fn pick<'a>(
         &'a self,
         loaded: &'a Loaded,
         args: &[i64],
-    ) -> (Option<usize>, &'a VariantDef, &'a CudaFunction) {
-        if !disabled() {
-            for &i in &loaded.order {
-                let (def, f) = (&self.def.variants[i], &loaded.variants[i]);
-                let Some(f) = f else { continue };
-                if region_holds(def, args) {
-                    return (Some(i), def, f);
-                }
-            }
+    ) -> Option<(usize, &'a VariantDef, &'a CudaFunction)> {
+        if disabled() {
+            return None;
         }
-        (None, &self.def.reference, &loaded.reference)
+        loaded.order.iter().find_map(|&i| {
+            let (def, f) = (&self.def.variants[i], loaded.variants[i].as_ref()?);
+            region_holds(def, args).then_some((i, def, f))
+        })
+    }
+
+    /// The reference's function in this context, compiled by NVRTC the first time.
+    fn reference<'a>(
+        &self,
+        stream: &CudaStream,
+        loaded: &'a Loaded,
+    ) -> Result<&'a CudaFunction, Error> {
+        if let Some(f) = loaded.reference.get() {
+            return Ok(f);
+        }
+        self.reference_slow(stream, loaded)
+    }
+
+    #[cold]
+    fn reference_slow<'a>(
+        &self,
+        stream: &CudaStream,
+        loaded: &'a Loaded,
+    ) -> Result<&'a CudaFunction, Error> {
+        let _guard = self.init.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = loaded.reference.get() {
+            return Ok(f);
+        }
+        let f = compile::load(stream.context(), self.def.name, &self.def.reference, loaded.cc)?;
+        Ok(loaded.reference.get_or_init(|| f))
     }
 
     fn loaded(&self, stream: &CudaStream) -> Result<&Loaded, Error> {
@@ -389,53 +495,69 @@ impl Kernel {
         let arch = kopt_spec::files::arch_name(major as u32, minor as u32);
         // A device whose name the driver cannot give runs its architecture's variants.
         let device = ctx.name().unwrap_or_default();
-        let reference = compile::load(ctx, self.def.name, &self.def.reference, (major, minor))?;
+        let cc = (major, minor);
         let mut variants = Vec::with_capacity(self.def.variants.len());
+        let mut origins = Vec::with_capacity(self.def.variants.len());
         let mut failures = Vec::new();
         let order = try_order(self.def.variants, &arch, &device);
         for (i, v) in self.def.variants.iter().enumerate() {
             if !order.contains(&i) || disabled() {
                 variants.push(None);
+                origins.push(None);
                 continue;
             }
-            match compile::load(ctx, self.def.name, v, (major, minor)) {
-                Ok(f) => variants.push(Some(f)),
+            match load_variant(ctx, self.def.name, v, cc) {
+                Ok((f, origin)) => {
+                    variants.push(Some(f));
+                    origins.push(Some(origin));
+                }
                 Err(e) => {
-                    // A variant that does not build here (another NVRTC, say) must not
+                    // A variant that does not load here (another NVRTC, say) must not
                     // take the kernel down: the reference covers its shapes.
-                    failures.push((v.id, e.to_string()));
+                    failures.push((v.id, e));
                     variants.push(None);
+                    origins.push(None);
                 }
             }
         }
-        Ok(Loaded {
+        let loaded = Loaded {
             arch,
             device,
-            reference,
+            cc,
+            reference: OnceLock::new(),
             variants,
+            origins,
             order,
             failures,
-        })
+        };
+        // Without a variant to run, the first launch needs the reference; a kernel with
+        // variants compiles it when a launch outside their regions needs it.
+        if loaded.variants.iter().all(Option::is_none) {
+            let f = compile::load(ctx, self.def.name, &self.def.reference, cc)?;
+            let _ = loaded.reference.set(f);
+        }
+        Ok(loaded)
     }
 
     /// Which version would run on architecture `arch` (e.g. `sm_90`) for these scalar
     /// arguments (in declaration order, as i64), and why, on a device no lock entry names.
     /// Needs no GPU.
     pub fn explain_for(&self, arch: &str, args: &[i64]) -> Selection {
-        self.explain_inner(arch, "", args, &[])
+        self.explain_inner(arch, "", args, None)
     }
 
     /// [`Kernel::explain_for`] on a device of `arch` named `device` (the driver's name,
     /// `NVIDIA H200`): its own entries are tried first. Needs no GPU.
     pub fn explain_on(&self, arch: &str, device: &str, args: &[i64]) -> Selection {
-        self.explain_inner(arch, device, args, &[])
+        self.explain_inner(arch, device, args, None)
     }
 
     /// Which version runs on this stream's device for these arguments, and why,
-    /// including variants that failed to compile there.
+    /// including variants that failed to load there and how the chosen one was loaded
+    /// (its verified PTX, or compiled from source and why).
     pub fn explain(&self, stream: &CudaStream, args: &[i64]) -> Result<Selection, Error> {
         let loaded = self.loaded(stream)?;
-        Ok(self.explain_inner(&loaded.arch, &loaded.device, args, &loaded.failures))
+        Ok(self.explain_inner(&loaded.arch, &loaded.device, args, Some(loaded)))
     }
 
     fn explain_inner(
@@ -443,14 +565,17 @@ impl Kernel {
         arch: &str,
         device: &str,
         args: &[i64],
-        failures: &[(&'static str, String)],
+        loaded: Option<&Loaded>,
     ) -> Selection {
+        let failures = loaded.map_or(&[][..], |l| &l.failures[..]);
         let reference = |reason| Selection {
             kernel: self.def.name,
             variant: "reference",
             arch: arch.to_string(),
             device: None,
             reason,
+            embedded_ptx: None,
+            code: None,
         };
         if disabled() {
             return reference(Reason::Disabled);
@@ -461,14 +586,11 @@ impl Kernel {
             .map(|i| &self.def.variants[i])
         {
             if let Some((_, err)) = failures.iter().find(|(id, _)| *id == def.id) {
-                missed.push(format!(
-                    "`{}` did not compile here: {}",
-                    def.id,
-                    first_line(err)
-                ));
+                missed.push(format!("`{}` cannot run here: {}", def.id, first_line(err)));
                 continue;
             }
             if region_holds(def, args) {
+                let index = self.def.variants.iter().position(|v| std::ptr::eq(v, def));
                 return Selection {
                     kernel: self.def.name,
                     variant: def.id,
@@ -477,6 +599,10 @@ impl Kernel {
                     reason: Reason::Accepted {
                         region: def.region.as_ref().map(|r| r.text),
                     },
+                    embedded_ptx: def.ptx.as_ref().map(|p| p.nvrtc),
+                    code: loaded
+                        .zip(index)
+                        .and_then(|(l, i)| l.origins[i].clone()),
                 };
             }
             if let Some(r) = &def.region {
@@ -573,6 +699,11 @@ pub struct Selection {
     /// The device the chosen variant's entry is keyed by, if any.
     pub device: Option<&'static str>,
     pub reason: Reason,
+    /// The NVRTC version of the chosen variant's embedded verified PTX, if it has one.
+    pub embedded_ptx: Option<&'static str>,
+    /// How the chosen variant was loaded in this context (`None`: the reference, or an
+    /// explanation made without a GPU).
+    pub code: Option<CodeOrigin>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -602,20 +733,23 @@ impl Selection {
 impl fmt::Display for Selection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.reason {
-            Reason::Accepted { region: None } => write!(
-                f,
-                "{}: variant `{}` (accepted for {})",
-                self.kernel,
-                self.variant,
-                self.key()
-            ),
-            Reason::Accepted { region: Some(r) } => write!(
-                f,
-                "{}: variant `{}` (accepted for {} where `{r}`)",
-                self.kernel,
-                self.variant,
-                self.key()
-            ),
+            Reason::Accepted { region } => {
+                write!(
+                    f,
+                    "{}: variant `{}` (accepted for {}",
+                    self.kernel,
+                    self.variant,
+                    self.key()
+                )?;
+                if let Some(r) = region {
+                    write!(f, " where `{r}`")?;
+                }
+                match (&self.code, self.embedded_ptx) {
+                    (Some(code), _) => write!(f, "; {code})"),
+                    (None, Some(nvrtc)) => write!(f, "; verified PTX of NVRTC {nvrtc} embedded)"),
+                    (None, None) => write!(f, ")"),
+                }
+            }
             Reason::Disabled => write!(f, "{}: reference (KOPT_DISABLE is set)", self.kernel),
             Reason::NoVariant => write!(
                 f,

@@ -69,8 +69,8 @@ pub use compile::{
 };
 pub use error::Error;
 pub use kernel::{
-    disabled, BufferDef, ComputedArgDef, Kernel, KernelDef, Launch, Reason, RegionDef, Selection,
-    UnusableDef, VariantDef, MAX_CONTEXTS,
+    disabled, BufferDef, CodeOrigin, ComputedArgDef, Kernel, KernelDef, Launch, PtxDef, Reason,
+    RegionDef, Selection, UnusableDef, VariantDef, IGNORE_PTX, MAX_CONTEXTS,
 };
 pub use kopt_macros::kernel;
 pub use kopt_spec::{expr, spec, KernelSpec};

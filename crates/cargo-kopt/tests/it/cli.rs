@@ -818,7 +818,8 @@ fn pin_without_an_audit_record_is_refused_up_front_with_what_to_write() {
     assert_eq!(
         claim.compare_files(
             &ws.read(&format!("{dir}/kernel.cu")),
-            &ws.read(&format!("{dir}/variant.toml"))
+            &ws.read(&format!("{dir}/variant.toml")),
+            None
         ),
         ClaimedFiles::Match
     );

@@ -48,10 +48,12 @@ pub use round::{Agents, Checked, LoopState, Round, Unreviewed};
 
 /// Verifies a candidate against the reference, its watchdog comparing with `best_us`
 /// (the current best's time per shape; `None`: the reference measured in the same job).
+/// The evaluator may attach to `candidate` the code it compiled and verified
+/// ([`KernelVersion::ptx`]), which then stays with it: a winner keeps the PTX that ran.
 pub trait Evaluate {
     fn evaluate(
         &mut self,
-        candidate: &KernelVersion,
+        candidate: &mut KernelVersion,
         best_us: Option<&BTreeMap<String, f64>>,
     ) -> Verdict;
 

@@ -442,8 +442,8 @@ impl<'r> LoopState<'r> {
             Ok(r) => r,
             Err(stop) => return Some(stop),
         };
-        let version = candidate_version(&self.best.version, &id, &r);
-        let verdict = evaluator.evaluate(&version, self.best.us.as_ref());
+        let mut version = candidate_version(&self.best.version, &id, &r);
+        let verdict = evaluator.evaluate(&mut version, self.best.us.as_ref());
         on(Event::Verdict {
             id: id.clone(),
             accepted: verdict.accepted,
@@ -1028,7 +1028,7 @@ impl SearchEvaluator for PointEvaluator<'_, '_, '_> {
         if let Some(Compiled::Ok { code, .. }) = compiled {
             judge.evaluator.attach_code(&mut version, code);
         }
-        let verdict = judge.evaluator.evaluate(&version, judge.best.us.as_ref());
+        let verdict = judge.evaluator.evaluate(&mut version, judge.best.us.as_ref());
         judge.settle(id, version, verdict)
     }
 }

@@ -156,6 +156,7 @@ impl Fixture {
             std::fs::read_to_string(shipped.join("kernel.cu")).unwrap()
         );
         PendingVariant {
+            ptx: std::fs::read_to_string(shipped.join(files::PTX_FILE)).ok(),
             meta: PendingMeta {
                 format: files::FORMAT,
                 package: "fixture-kernels".into(),
