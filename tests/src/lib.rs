@@ -200,11 +200,6 @@ debug = false
         std::fs::read_to_string(self.path(rel)).unwrap()
     }
 
-    /// The file's text, `None` where it does not exist.
-    pub fn try_read(&self, rel: &str) -> Option<String> {
-        std::fs::read_to_string(self.path(rel)).ok()
-    }
-
     pub fn write(&self, rel: &str, text: &str) {
         std::fs::write(self.path(rel), text).unwrap();
     }
@@ -366,7 +361,7 @@ pub fn pending_from_shipped(
     r.arch = arch.into();
     r.claim = None;
     PendingVariant {
-        ptx: ws.try_read(&format!("{dir}/{}", kopt_spec::files::PTX_FILE)),
+        ptx: None,
         meta: PendingMeta {
             format: FORMAT,
             package: "llm-kernels".into(),
@@ -382,6 +377,7 @@ pub fn pending_from_shipped(
             session: None,
             kind: Some("softmax".into()),
             baseline: None,
+            ptx: None,
             evidence: EvidenceSummary {
                 shapes_checked: vec![
                     "cols=4096 rows=4096".into(),

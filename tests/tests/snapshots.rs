@@ -130,11 +130,6 @@ fn crate_with_variant(
         launch,
         defines: defines.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         options: vec![],
-        ptx: ptx.map(|_| files::PtxRecord {
-            nvrtc: "13.0".into(),
-            arch: "sm_90".into(),
-            symbol: None,
-        }),
     };
     let variant_text = variant.render();
     std::fs::write(vdir.join(files::VARIANT_FILE), &variant_text).unwrap();
@@ -153,7 +148,12 @@ fn crate_with_variant(
         spec_hash: hashes.spec.clone(),
         source_hash: source::hash(kernel_text.as_bytes()),
         variant_hash: source::hash(variant_text.as_bytes()),
-        ptx_hash: ptx.map(|p| source::hash(p.as_bytes())),
+        ptx: ptx.map(|p| files::PtxRecord {
+            hash: source::hash(p.as_bytes()),
+            nvrtc: "13.0".into(),
+            arch: "sm_90".into(),
+            symbol: None,
+        }),
     });
     std::fs::write(
         files::kernel_dir(krate, &s.name).join(files::LOCK_FILE),

@@ -50,21 +50,14 @@ struct Global {
     #[arg(long, global = true, value_enum, default_value_t = MessageFormat::Human)]
     message_format: MessageFormat,
     /// Colouring (NO_COLOR is honoured under `auto`).
-    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
-    color: ColorChoice,
+    #[arg(long, global = true, value_enum, default_value_t = clap::ColorChoice::Auto)]
+    color: clap::ColorChoice,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum MessageFormat {
     Human,
     Json,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum ColorChoice {
-    Auto,
-    Always,
-    Never,
 }
 
 fn main() -> ExitCode {
@@ -80,9 +73,9 @@ fn main() -> ExitCode {
         return cmd::worker::run(w);
     }
     match cli.global.color {
-        ColorChoice::Always => anstream::ColorChoice::Always.write_global(),
-        ColorChoice::Never => anstream::ColorChoice::Never.write_global(),
-        ColorChoice::Auto => {}
+        clap::ColorChoice::Always => anstream::ColorChoice::Always.write_global(),
+        clap::ColorChoice::Never => anstream::ColorChoice::Never.write_global(),
+        clap::ColorChoice::Auto => {}
     }
     match run(cli) {
         Ok(code) => code,
@@ -104,11 +97,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
     };
     let sel = Selection {
         manifest_path: g.manifest_path.clone(),
-        packages: if g.workspace {
-            Vec::new()
-        } else {
-            g.package.clone()
-        },
+        // `--workspace` is every member that depends on kopt, whatever `-p` says.
+        packages: g.package.iter().filter(|_| !g.workspace).cloned().collect(),
         exclude: g.exclude.clone(),
     };
     let gathered = gather::gather(&sel).map_err(|e| e.to_string())?;

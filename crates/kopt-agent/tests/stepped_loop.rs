@@ -90,7 +90,11 @@ impl Evaluate for Marked {
         version.ptx = Some(code.to_string());
     }
 
-    fn evaluate(&mut self, v: &mut KernelVersion, best_us: Option<&BTreeMap<String, f64>>) -> Verdict {
+    fn evaluate(
+        &mut self,
+        v: &mut KernelVersion,
+        best_us: Option<&BTreeMap<String, f64>>,
+    ) -> Verdict {
         self.evaluated.push(v.id.clone());
         if self.evaluation_fails_to_compile_on.is_some()
             && v.defines.get("BLOCK") == self.evaluation_fails_to_compile_on.as_ref()

@@ -135,6 +135,21 @@ pub fn precompile(
     })
 }
 
+/// The lock's record of a PTX that `figures`' compile produced (NVRTC and architecture),
+/// `symbol` its entry's lowered name where that differs from the entry.
+pub fn ptx_record(
+    ptx: &str,
+    figures: &CompileFigures,
+    symbol: Option<String>,
+) -> kopt_spec::files::PtxRecord {
+    kopt_spec::files::PtxRecord {
+        hash: kopt_spec::source::hash(ptx.as_bytes()),
+        nvrtc: figures.nvrtc.clone(),
+        arch: figures.arch.clone(),
+        symbol,
+    }
+}
+
 /// The verdict of a version [`precompile`] refused: the compile fence failed, with the
 /// compiler's message, and nothing ran on a GPU.
 pub fn rejected(why: &Refused) -> Verdict {

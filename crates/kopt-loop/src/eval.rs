@@ -226,6 +226,14 @@ pub struct VerifyOutcome {
     /// The GPU it was verified on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<usize>,
+    /// What the worker loaded: `verified PTX (NVRTC 13.0)`, the launcher's code, or
+    /// `PTX compiled now (NVRTC 13.0)` under `--keep-ptx`, or `source` (compiled by the
+    /// worker, as the launcher compiles a variant without verified PTX).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub loaded: String,
+    /// The PTX `--keep-ptx` kept with the variant after it passed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_ptx: Option<kopt_store::accept::PtxKept>,
 }
 
 impl VerifyOutcome {
@@ -243,6 +251,8 @@ impl VerifyOutcome {
             sanitizer_shapes: vec![],
             skipped: None,
             gpu: None,
+            loaded: String::new(),
+            kept_ptx: None,
         }
     }
 
@@ -277,13 +287,17 @@ pub fn one_architecture(pool: &mut DevicePool, why: &str) -> Result<Vec<DeviceIn
 
 /// Re-verifies every usable accepted variant of the selected kernels (numerics,
 /// anti-cheat, watchdog against the reference, compute-sanitizer), on the pool's
-/// architecture: each variant whole on one device, the devices in parallel. A variant
-/// accepted for another architecture is listed as skipped.
+/// architecture: each variant whole on one device, the devices in parallel, loading its
+/// verified PTX where it has one (the code the launcher runs). A variant accepted for
+/// another architecture is listed as skipped. `keep_ptx`: a variant without verified PTX
+/// is verified with the PTX NVRTC compiles for it now, which is kept with it when it
+/// passes ([`kopt_store::accept::keep_ptx`]; not on the fake device).
 pub fn verify(
     g: &Gathered,
     kernels: &[String],
     pool: &mut DevicePool,
     settings: &Settings,
+    keep_ptx: bool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Verified> {
     let devices = one_architecture(pool, "a variant is verified on its own architecture")?;
@@ -339,14 +353,28 @@ pub fn verify(
             o.gpu = Some(slot.ordinal);
             o.device = slot.engine.device().ok().map(|d| d.name);
             (slot.progress)(&format!("{}/{variant}", k.spec.name));
-            let job = job(
-                g,
-                k,
-                version(usable),
-                usable.region.as_ref(),
-                &settings,
-                true,
-            );
+            let fake = slot.engine.worker.command().is_fake();
+            let mut v = version(usable);
+            let mut fresh = None;
+            o.loaded = match &usable.ptx {
+                Some(p) => format!("verified PTX (NVRTC {})", p.record.nvrtc),
+                None if keep_ptx && !fake => {
+                    match kopt_engine::precompile::precompile(&k.spec.name, &v, &entry.arch, false)
+                    {
+                        Ok(c) => fresh = fresh_ptx(&mut v, c),
+                        Err(why) => {
+                            o.verdict = Some(kopt_engine::precompile::rejected(&why));
+                            return Ok((o, None));
+                        }
+                    }
+                    match &fresh {
+                        Some((_, r)) => format!("PTX compiled now (NVRTC {})", r.nvrtc),
+                        None => "source".into(),
+                    }
+                }
+                None => "source".into(),
+            };
+            let job = job(g, k, v, usable.region.as_ref(), &settings, true);
             let ev = slot.engine.evaluate(&job, &mut |m| (slot.progress)(m));
             let verdict = judge.judge(&ev.report);
             o.cached = ev.cached;
@@ -362,12 +390,17 @@ pub fn verify(
                 o.sanitizer_shapes = run.shapes.clone();
             }
             o.verdict = Some(verdict);
-            Ok::<_, Error>(o)
+            Ok::<_, Error>((o, fresh))
         },
         progress,
     )?;
-    for ((at, ..), d) in work.iter().zip(done) {
-        outcomes[*at] = Some(d.value);
+    for ((at, k, entry, _), d) in work.iter().zip(done) {
+        let (mut o, fresh) = d.value;
+        if let Some((ptx, record)) = fresh.filter(|_| o.passed()) {
+            let t = kopt_workspace::store::target(k);
+            o.kept_ptx = Some(kopt_store::accept::keep_ptx(&t, entry, &ptx, &record)?);
+        }
+        outcomes[*at] = Some(o);
     }
     Ok(Verified {
         devices,
@@ -376,8 +409,29 @@ pub fn verify(
     })
 }
 
+/// Attaches the fence's PTX to `v` for the worker to load, and returns it with its record
+/// (`None` where NVRTC gave no PTX or no figures to name it by).
+fn fresh_ptx(
+    v: &mut KernelVersion,
+    c: kopt_engine::precompile::Precompiled,
+) -> Option<(String, kopt_spec::files::PtxRecord)> {
+    let (ptx, figures) = (c.ptx?, c.figures?);
+    v.ptx = Some(ptx.clone());
+    v.symbol = c.symbol.clone();
+    let record = kopt_engine::precompile::ptx_record(&ptx, &figures, c.symbol);
+    Some((ptx, record))
+}
+
+/// An accepted variant as the generated launcher runs it: with its verified PTX where it
+/// has one (the worker loads that PTX through the driver, so `verify` and `bench` measure
+/// the bytes that run), else its source, compiled by the worker.
 pub fn version(u: &UsableVariant) -> KernelVersion {
-    KernelVersion::variant(&u.variant, &u.source)
+    let mut v = KernelVersion::variant(&u.variant, &u.source);
+    if let Some(p) = &u.ptx {
+        v.ptx = Some(p.text.clone());
+        v.symbol = p.record.symbol.clone();
+    }
+    v
 }
 
 /// One row of `cargo kopt bench` (the report reads the same type).

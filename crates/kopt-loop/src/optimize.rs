@@ -1819,7 +1819,6 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         launch: version.launch.clone(),
         defines: version.defines.clone(),
         options: version.options.clone(),
-        ptx: ptx_record,
     };
     let meta = PendingMeta {
         format: files::FORMAT,
@@ -1836,6 +1835,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         session: Some(session_rel),
         kind: None,
         baseline: w.baseline.as_ref().map(|(b, _)| b.clone()),
+        ptx: ptx_record,
         evidence: EvidenceSummary {
             shapes_checked: job
                 .shapes
@@ -1884,7 +1884,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
 /// by the loop's evaluator and the search's verification). None on the fake device (its
 /// "PTX" is made up), for a version the worker loaded as a cubin, or without the compile
 /// figures that name the NVRTC (then the launcher compiles the source).
-pub fn verified_ptx(
+fn verified_ptx(
     version: &KernelVersion,
     device_name: &str,
     compile: Option<&files::CompileFigures>,
@@ -1895,11 +1895,7 @@ pub fn verified_ptx(
     if files::is_fake_device(device_name) || version.cubin.is_some() {
         return (None, None);
     }
-    let record = files::PtxRecord {
-        nvrtc: c.nvrtc.clone(),
-        arch: c.arch.clone(),
-        symbol: version.symbol.clone(),
-    };
+    let record = kopt_engine::precompile::ptx_record(ptx, c, version.symbol.clone());
     (Some(ptx.clone()), Some(record))
 }
 

@@ -191,7 +191,10 @@ pub fn generate(
                 &u.variant.compile_options(),
                 &u.variant.launch,
                 &u.variant.defines,
-                embedded_ptx(entry, u),
+                u.ptx.as_ref().map(|p| {
+                    let symbol = p.record.symbol.as_deref().unwrap_or(&u.variant.entry);
+                    (p.text.as_str(), symbol, p.record.nvrtc.as_str())
+                }),
             )
         })
         .collect();
@@ -386,23 +389,6 @@ fn variant_def(
             ptx: #ptx,
         }
     }
-}
-
-/// The verified PTX to embed for a lock entry, as (text, symbol, NVRTC version): only PTX
-/// compiled for the entry's architecture (a variant pinned to another one is compiled
-/// from its source at first launch).
-fn embedded_ptx<'a>(
-    entry: &files::LockEntry,
-    u: &'a crate::selection::UsableVariant,
-) -> Option<(&'a str, &'a str, &'a str)> {
-    let (text, record) = (u.ptx.as_deref()?, u.variant.ptx.as_ref()?);
-    (files::parse_arch(&record.arch) == files::parse_arch(&entry.arch)).then(|| {
-        (
-            text,
-            record.symbol.as_deref().unwrap_or(&u.variant.entry),
-            record.nvrtc.as_str(),
-        )
-    })
 }
 
 fn ops_tokens(kopt: &TokenStream, ops: &[Op]) -> TokenStream {

@@ -94,11 +94,11 @@ pub struct LockEntry {
     pub source_hash: String,
     /// Hash of the variant's `variant.toml`.
     pub variant_hash: String,
-    /// Hash of the variant's `kernel.ptx`, the PTX its verification loaded (see
-    /// [`PtxRecord`]); absent for a variant accepted without one (it is compiled from
-    /// `kernel.cu` at first launch).
+    /// The variant's `kernel.ptx`, the PTX its verification loaded: its hash and what
+    /// compiled it. Absent for a variant accepted without one (the launcher compiles
+    /// `kernel.cu` with NVRTC at first launch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ptx_hash: Option<String>,
+    pub ptx: Option<PtxRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -280,16 +280,17 @@ pub struct VariantFile {
     /// Further NVRTC options.
     #[serde(default)]
     pub options: Vec<String>,
-    /// What compiled the variant's `kernel.ptx`, when it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ptx: Option<PtxRecord>,
 }
 
-/// What made a variant's `kernel.ptx`: the PTX its verification compiled and the worker
-/// loaded through the driver, which the generated launcher embeds and loads the same way
-/// (no NVRTC at run time). The lock's `ptx_hash` covers the file.
+/// A variant's `kernel.ptx`: the PTX its verification compiled and the worker loaded
+/// through the driver, which the generated launcher embeds and loads the same way (no
+/// NVRTC at run time). A lock entry records it (an inline table), so that adding the PTX
+/// to an accepted variant is one write of the lock, and the file's hash is checked as the
+/// other files' are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PtxRecord {
+    /// Hash of `kernel.ptx`.
+    pub hash: String,
     /// NVRTC's version (`13.0`): a driver older than it may refuse the PTX, and the
     /// launcher then compiles `kernel.cu` instead.
     pub nvrtc: String,
@@ -480,10 +481,10 @@ pub struct Claim {
     /// Hash of the variant's `variant.toml` as it was verified (absent as `source_hash`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant_hash: Option<String>,
-    /// Hash of the variant's `kernel.ptx`, the PTX verification loaded; absent for a
+    /// The variant's `kernel.ptx` as it was verified (see [`PtxRecord`]); absent for a
     /// variant without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ptx_hash: Option<String>,
+    pub ptx: Option<PtxRecord>,
 }
 
 /// How a variant folder's `kernel.cu` and `variant.toml` compare with what its claim
@@ -502,7 +503,7 @@ pub enum ClaimedFiles {
 
 impl Claim {
     /// Compares a variant's files with the hashes the claim recorded (`ptx`: its
-    /// `kernel.ptx`, where `variant.toml` records one).
+    /// `kernel.ptx`, where the folder has one).
     pub fn compare_files(
         &self,
         source: &str,
@@ -521,7 +522,10 @@ impl Claim {
                 return ClaimedFiles::Differs(file);
             }
         }
-        if self.ptx_hash.as_deref() != ptx.map(|p| crate::source::hash(p.as_bytes())).as_deref() {
+        let claimed = self.ptx.as_ref().map(|p| p.hash.as_str());
+        if claimed
+            .is_some_and(|h| ptx.map(|p| crate::source::hash(p.as_bytes())).as_deref() != Some(h))
+        {
             return ClaimedFiles::Differs(PTX_FILE);
         }
         if self.source_hash.is_some() && self.variant_hash.is_some() {
@@ -1090,7 +1094,7 @@ mod tests {
             spec_hash: "sha256:s".into(),
             source_hash: source.map(|t| crate::source::hash(t.as_bytes())),
             variant_hash: variant.map(|t| crate::source::hash(t.as_bytes())),
-            ptx_hash: None,
+            ptx: None,
         }
     }
 
@@ -1106,13 +1110,19 @@ mod tests {
             c.compare_files("src", "toml # edited", None),
             ClaimedFiles::Differs(VARIANT_FILE)
         );
-        // A PTX the claim does not record, or another than it records, differs.
+        // A PTX the claim does not record is not what it vouches for, and does not
+        // count; another PTX than it records, or none, differs.
         assert_eq!(
             c.compare_files("src", "toml", Some(".version 8.8")),
-            ClaimedFiles::Differs(PTX_FILE)
+            ClaimedFiles::Match
         );
         let with_ptx = Claim {
-            ptx_hash: Some(crate::source::hash(b".version 8.8")),
+            ptx: Some(PtxRecord {
+                hash: crate::source::hash(b".version 8.8"),
+                nvrtc: "13.0".into(),
+                arch: "sm_90".into(),
+                symbol: None,
+            }),
             ..c.clone()
         };
         assert_eq!(
@@ -1134,7 +1144,10 @@ mod tests {
         );
         // A recorded hash is checked even when the other is missing.
         let half = claim(Some("src"), None);
-        assert_eq!(half.compare_files("src", "x", None), ClaimedFiles::Unrecorded);
+        assert_eq!(
+            half.compare_files("src", "x", None),
+            ClaimedFiles::Unrecorded
+        );
         assert_eq!(
             half.compare_files("other", "x", None),
             ClaimedFiles::Differs(SOURCE_FILE)

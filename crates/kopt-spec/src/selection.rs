@@ -35,9 +35,16 @@ pub struct UsableVariant {
     pub source: String,
     /// The region's text and its parsed form.
     pub region: Option<expr::Expr>,
-    /// The PTX its verification loaded (`kernel.ptx`, matching the lock's `ptx_hash`),
+    /// The PTX its verification loaded (`kernel.ptx`, matching the lock entry's record),
     /// for the launcher to load without NVRTC; `None` for a variant without one.
-    pub ptx: Option<String>,
+    pub ptx: Option<VerifiedPtx>,
+}
+
+/// A lock entry's `kernel.ptx` and its record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedPtx {
+    pub text: String,
+    pub record: files::PtxRecord,
 }
 
 #[derive(Debug, Clone)]
@@ -321,7 +328,7 @@ fn resolve_entry(
             variant.entry
         )));
     }
-    let ptx = resolve_ptx(entry, &variant, vdir, tracked)?;
+    let ptx = resolve_ptx(entry, vdir, tracked)?;
     Ok(UsableVariant {
         variant,
         source: src,
@@ -330,51 +337,39 @@ fn resolve_entry(
     })
 }
 
-/// The entry's `kernel.ptx`: present exactly when the lock names its hash and
-/// `variant.toml` says what compiled it, and matching that hash.
+/// The entry's `kernel.ptx`, where the lock records one: present, matching its hash.
+/// (A `kernel.ptx` the lock does not name is not read: it cannot run.)
 fn resolve_ptx(
     entry: &LockEntry,
-    variant: &VariantFile,
     vdir: &Path,
     tracked: &mut Vec<PathBuf>,
-) -> Result<Option<String>, Unusable> {
+) -> Result<Option<VerifiedPtx>, Unusable> {
     let corrupt = |m: String| Unusable::Corrupt(m);
-    let (hash, record) = match (&entry.ptx_hash, &variant.ptx) {
-        (None, None) => return Ok(None),
-        (Some(h), Some(r)) => (h, r),
-        (Some(_), None) => {
-            return Err(corrupt(format!(
-                "the lock names a {} hash, but {} records no PTX",
-                files::PTX_FILE,
-                files::VARIANT_FILE
-            )))
-        }
-        (None, Some(_)) => {
-            return Err(corrupt(format!(
-                "{} records a PTX, but the lock names no {} hash",
-                files::VARIANT_FILE,
-                files::PTX_FILE
-            )))
-        }
+    let Some(record) = &entry.ptx else {
+        return Ok(None);
     };
     let path = vdir.join(files::PTX_FILE);
     let text = std::fs::read_to_string(&path)
         .map_err(|e| corrupt(format!("cannot read {}: {e}", files::PTX_FILE)))?;
     tracked.push(path);
-    if source::hash(text.as_bytes()) != *hash {
+    if source::hash(text.as_bytes()) != record.hash {
         return Err(corrupt(format!(
             "{} does not match the hash in the lock file (edited after it was accepted)",
             files::PTX_FILE
         )));
     }
-    if files::parse_arch(&record.arch).is_none() {
+    if files::parse_arch(&record.arch) != files::parse_arch(&entry.arch) {
         return Err(corrupt(format!(
-            "{}: `{}` is not an architecture the PTX was compiled for",
-            files::VARIANT_FILE,
-            record.arch
+            "its {} was compiled for `{}`, not for the entry's {}",
+            files::PTX_FILE,
+            record.arch,
+            entry.arch
         )));
     }
-    Ok(Some(text))
+    Ok(Some(VerifiedPtx {
+        text,
+        record: record.clone(),
+    }))
 }
 
 /// The audit files must exist and agree; they do not affect which kernel runs.
@@ -856,7 +851,7 @@ mod tests {
             spec_hash: "sha256:s".into(),
             source_hash: hashes.then(|| source::hash(SRC.as_bytes())),
             variant_hash: hashes.then(|| source::hash(TOML.as_bytes())),
-            ptx_hash: None,
+            ptx: None,
         });
         std::fs::write(d.join(files::RATIONALE_JSON), r.to_json()).unwrap();
         std::fs::write(d.join(files::RATIONALE_MD), r.render_markdown()).unwrap();
@@ -876,7 +871,7 @@ mod tests {
                 spec_hash: "sha256:s".into(),
                 source_hash: source::hash(SRC.as_bytes()),
                 variant_hash: source::hash(TOML.as_bytes()),
-                ptx_hash: None,
+                ptx: None,
             });
         }
         KernelState {

@@ -48,11 +48,16 @@ fn sample_lock() -> LockFile {
         spec_hash: "sha256:bbbb".into(),
         source_hash: "sha256:cccc".into(),
         variant_hash: "sha256:dddd".into(),
-        ptx_hash: None,
+        ptx: None,
     };
     let on_h200 = LockEntry {
         device: Some("NVIDIA H200".into()),
-        ptx_hash: Some("sha256:eeee".into()),
+        ptx: Some(PtxRecord {
+            hash: "sha256:eeee".into(),
+            nvrtc: "13.0".into(),
+            arch: "sm_90".into(),
+            symbol: None,
+        }),
         ..e("sm_90", "h200-tma", Some("rows >= 4096"))
     };
     LockFile {
@@ -120,11 +125,6 @@ fn variant_file_format() {
         launch: sample_spec().launch,
         defines: BTreeMap::from([("BLOCK".into(), 512), ("VEC".into(), 8)]),
         options: vec!["--use_fast_math".into()],
-        ptx: Some(PtxRecord {
-            nvrtc: "13.0".into(),
-            arch: "sm_90".into(),
-            symbol: None,
-        }),
     };
     let text = v.render();
     insta::assert_snapshot!(text);
@@ -160,7 +160,6 @@ fn a_variant_with_a_cluster_set_at_launch() {
         launch,
         defines: BTreeMap::from([("CLUSTER".into(), 8)]),
         options: vec![],
-        ptx: None,
     };
     let text = v.render();
     insta::assert_snapshot!(text);
@@ -182,7 +181,12 @@ fn rationale_formats() {
             spec_hash: "sha256:bbbb".into(),
             source_hash: Some("sha256:cccc".into()),
             variant_hash: Some("sha256:dddd".into()),
-            ptx_hash: Some("sha256:eeee".into()),
+            ptx: Some(PtxRecord {
+                hash: "sha256:eeee".into(),
+                nvrtc: "13.0".into(),
+                arch: "sm_90".into(),
+                symbol: None,
+            }),
         }),
         summary: "Loads eight halves per thread.".into(),
         snapshots: Some(Snapshots {

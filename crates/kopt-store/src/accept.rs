@@ -19,7 +19,7 @@
 use std::path::{Path, PathBuf};
 
 use kopt_spec::files::{
-    self, Claim, ClaimedFiles, LockEntry, LockFile, Rationale, VariantFile, VerifiedBy,
+    self, Claim, ClaimedFiles, LockEntry, LockFile, PtxRecord, Rationale, VariantFile, VerifiedBy,
 };
 use kopt_spec::selection::{self, Hashes, Placement, RegionRow, Unusable, UsableVariant};
 use kopt_spec::source::{self, Amalgamated};
@@ -265,7 +265,7 @@ pub fn plan_accept(
         spec_hash: p.meta.spec_hash.clone(),
         source_hash: Some(source::hash(p.source.as_bytes())),
         variant_hash: Some(source::hash(variant_text.as_bytes())),
-        ptx_hash: p.ptx_hash(),
+        ptx: p.meta.ptx.clone(),
     });
     let entry = LockEntry {
         arch: p.meta.arch.clone(),
@@ -277,7 +277,7 @@ pub fn plan_accept(
         spec_hash: p.meta.spec_hash.clone(),
         source_hash: source::hash(p.source.as_bytes()),
         variant_hash: source::hash(variant_text.as_bytes()),
-        ptx_hash: p.ptx_hash(),
+        ptx: p.meta.ptx.clone(),
     };
 
     // The folder: new, or the same code verified again; anything else is a conflict.
@@ -291,7 +291,12 @@ pub fn plan_accept(
                 .ok()
                 .as_deref()
                 == Some(variant_text.as_str())
-            && std::fs::read_to_string(vdir.join(files::PTX_FILE)).ok() == p.ptx;
+            && p.ptx.as_ref().is_none_or(|ptx| {
+                std::fs::read_to_string(vdir.join(files::PTX_FILE))
+                    .ok()
+                    .as_ref()
+                    == Some(ptx)
+            });
         if !same {
             return Err(Error::Conflict(format!(
                 "{} already holds another variant of that name (an accepted variant's files are never overwritten); accept this one under a new name: `cargo kopt accept {kernel} --arch {} --as {}-2`",
@@ -306,7 +311,13 @@ pub fn plan_accept(
     };
 
     // The build must be able to use it: resolve it exactly as the macro will.
-    check_usable(t, kopt, &entry, (&p.source, &variant_text, p.ptx.as_deref()), &p.rationale)?;
+    check_usable(
+        t,
+        kopt,
+        &entry,
+        (&p.source, &variant_text, p.ptx.as_deref()),
+        &p.rationale,
+    )?;
 
     let lock = t.read_lock()?;
     let state = selection::resolve(t.crate_root, t.spec, t.hashes);
@@ -713,7 +724,7 @@ pub fn reactivate(
         .map_err(|e| Error::Invalid(format!("{relv}/{}: {e}", files::RATIONALE_JSON)))?;
     let v = VariantFile::parse(&vtext)
         .map_err(|e| Error::Invalid(format!("{relv}/{}: {e}", files::VARIANT_FILE)))?;
-    let ptx = match &v.ptx {
+    let ptx = match &r.claim.as_ref().and_then(|c| c.ptx.as_ref()) {
         Some(_) => Some(read(files::PTX_FILE)?),
         None => None,
     };
@@ -781,7 +792,7 @@ pub fn reactivate(
         spec_hash: claim.spec_hash.clone(),
         source_hash: source::hash(src.as_bytes()),
         variant_hash: source::hash(vtext.as_bytes()),
-        ptx_hash: ptx.as_ref().map(|p| source::hash(p.as_bytes())),
+        ptx: ptx.as_ref().and(claim.ptx.clone()),
     };
     check_usable(t, kopt, &entry, (&src, &vtext, ptx.as_deref()), &r)?;
     fsx::clean_leftovers(&t.kernel_dir());
@@ -816,5 +827,100 @@ pub fn reactivate(
         verified_by: entry.verified_by,
         replaced,
         lock: t.rel(&lock_path),
+    })
+}
+
+/// What [`keep_ptx`] did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PtxKept {
+    pub kernel: String,
+    pub variant: String,
+    /// The lock entry's key (`sm_90`, `NVIDIA H200 (sm_90)`).
+    pub key: String,
+    /// `kopt/softmax/online-vec4/kernel.ptx`.
+    pub file: String,
+    pub record: PtxRecord,
+}
+
+/// Keeps `ptx`, the PTX that a verification of the accepted `entry` just loaded and
+/// passed with, as its `kernel.ptx`, and records it in the lock entry, so that the
+/// launcher loads it without NVRTC. The file is written first and is inert until the
+/// lock names it; the lock is written last, in one atomic step, so an interruption leaves
+/// the variant as it was. The claim in `rationale.json` records the PTX too, when the
+/// claim vouches for the folder's files as they are.
+pub fn keep_ptx(
+    t: &KernelTarget,
+    entry: &LockEntry,
+    ptx: &str,
+    record: &PtxRecord,
+) -> Result<PtxKept> {
+    let kernel = t.kernel();
+    if record.hash != source::hash(ptx.as_bytes()) {
+        return Err(Error::Invalid(format!(
+            "the PTX of `{}` does not match its record's hash; nothing was written",
+            entry.variant
+        )));
+    }
+    if files::parse_arch(&record.arch) != files::parse_arch(&entry.arch) {
+        return Err(Error::Invalid(format!(
+            "the PTX of `{}` was compiled for {}, but its entry is for {}; nothing was written",
+            entry.variant, record.arch, entry.arch
+        )));
+    }
+    let mut lock = t.read_lock()?.ok_or_else(|| {
+        Error::NotFound(format!("`{kernel}` has no lock file; nothing was written"))
+    })?;
+    let vdir = t.kernel_dir().join(&entry.variant);
+    let path = vdir.join(files::PTX_FILE);
+    // Another entry of the same folder may vouch for a kernel.ptx already: never replace
+    // that file with other bytes.
+    if let Some(other) = lock
+        .accepted
+        .iter()
+        .filter(|e| e.variant == entry.variant)
+        .find_map(|e| e.ptx.as_ref().filter(|p| p.hash != record.hash))
+    {
+        return Err(Error::Conflict(format!(
+            "{} is already the verified PTX of another entry of `{}` (NVRTC {}, {}); nothing was written",
+            t.rel(&path),
+            entry.variant,
+            other.nvrtc,
+            other.arch
+        )));
+    }
+    let Some(at) = lock.accepted.iter().position(|e| e == entry) else {
+        return Err(Error::Conflict(format!(
+            "the lock entry of `{}` for {} changed since it was verified; nothing was written: verify again",
+            entry.variant,
+            entry.key()
+        )));
+    };
+    files::write_atomic(&path, ptx.as_bytes()).map_err(io(&path))?;
+    // The audit record: only a claim that vouches for these very files gains the PTX.
+    let json_path = vdir.join(files::RATIONALE_JSON);
+    if let Ok(mut r) = std::fs::read_to_string(&json_path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| Rationale::parse(&text))
+    {
+        let src = std::fs::read_to_string(vdir.join(files::SOURCE_FILE)).unwrap_or_default();
+        let vtext = std::fs::read_to_string(vdir.join(files::VARIANT_FILE)).unwrap_or_default();
+        if let Some(c) = r.claim.as_mut() {
+            if c.ptx.is_none() && c.compare_files(&src, &vtext, None) == ClaimedFiles::Match {
+                c.ptx = Some(record.clone());
+                files::write_atomic(&json_path, r.to_json().as_bytes()).map_err(io(&json_path))?;
+                let md = vdir.join(files::RATIONALE_MD);
+                files::write_atomic(&md, r.render_markdown().as_bytes()).map_err(io(&md))?;
+            }
+        }
+    }
+    lock.accepted[at].ptx = Some(record.clone());
+    let lock_path = t.lock_path();
+    files::write_atomic(&lock_path, lock.render().as_bytes()).map_err(io(&lock_path))?;
+    Ok(PtxKept {
+        kernel: kernel.to_string(),
+        variant: entry.variant.clone(),
+        key: entry.key(),
+        file: t.rel(&path),
+        record: record.clone(),
     })
 }

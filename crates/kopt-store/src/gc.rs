@@ -125,7 +125,7 @@ mod tests {
                 spec_hash: "sha256:s".into(),
                 source_hash: None,
                 variant_hash: None,
-                ptx_hash: None,
+                ptx: None,
             });
         }
         std::fs::write(d.join(files::RATIONALE_JSON), r.to_json()).unwrap();
@@ -142,7 +142,7 @@ mod tests {
             spec_hash: "sha256:s".into(),
             source_hash: "sha256:a".into(),
             variant_hash: "sha256:b".into(),
-            ptx_hash: None,
+            ptx: None,
         }
     }
 

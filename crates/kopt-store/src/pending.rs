@@ -7,7 +7,7 @@
 //! kernel.cu        the candidate's self-contained source
 //! variant.toml     its entry point, launch rule, defines and options (the committed format)
 //! rationale.json   its audit record (the committed format; RATIONALE.md is rendered on accept)
-//! kernel.ptx       the PTX its verification loaded, when variant.toml's `[ptx]` says so
+//! kernel.ptx       the PTX its verification loaded, when pending.json's `ptx` records one
 //! ```
 //!
 //! [`save`] writes the folder atomically (temporary folder, synced, renamed), so an
@@ -59,6 +59,10 @@ pub struct PendingMeta {
     /// reference either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<Baseline>,
+    /// Its `kernel.ptx`, the PTX the worker loaded when it verified the variant: hash and
+    /// what compiled it (the lock entry records the same on accept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx: Option<files::PtxRecord>,
     pub evidence: EvidenceSummary,
 }
 
@@ -97,7 +101,7 @@ pub struct PendingVariant {
     pub variant: VariantFile,
     pub rationale: Rationale,
     /// The PTX the worker loaded when it verified the variant (`kernel.ptx`), present
-    /// exactly when `variant.ptx` records what compiled it.
+    /// exactly when `meta.ptx` records it.
     pub ptx: Option<String>,
 }
 
@@ -192,28 +196,34 @@ impl PendingVariant {
                 v.entry
             ));
         }
-        match (&v.ptx, &self.ptx) {
+        match (&m.ptx, &self.ptx) {
             (Some(_), None) => {
                 return bad(format!(
-                    "{} records a PTX, but there is no {}",
-                    files::VARIANT_FILE,
+                    "{PENDING_FILE} records a PTX, but there is no {}",
                     files::PTX_FILE
                 ))
             }
             (None, Some(_)) => {
                 return bad(format!(
-                    "there is a {}, but {} does not record what compiled it",
-                    files::PTX_FILE,
-                    files::VARIANT_FILE
+                    "there is a {}, but {PENDING_FILE} does not record it",
+                    files::PTX_FILE
                 ))
             }
-            (Some(r), Some(_)) if files::parse_arch(&r.arch) != files::parse_arch(&m.arch) => {
-                return bad(format!(
-                    "its PTX was compiled for {}, not {}",
-                    r.arch, m.arch
-                ))
+            (Some(r), Some(text)) => {
+                if r.hash != source::hash(text.as_bytes()) {
+                    return bad(format!(
+                        "{} does not match the hash {PENDING_FILE} records (edited since it was verified)",
+                        files::PTX_FILE
+                    ));
+                }
+                if files::parse_arch(&r.arch) != files::parse_arch(&m.arch) {
+                    return bad(format!(
+                        "its PTX was compiled for {}, not {}",
+                        r.arch, m.arch
+                    ));
+                }
             }
-            _ => {}
+            (None, None) => {}
         }
         if m.evidence.fences.is_empty() || m.evidence.shapes_checked.is_empty() {
             return bad("no verification evidence (fences and shapes checked): only verified candidates may wait for review".into());
@@ -241,11 +251,6 @@ impl PendingVariant {
             files.push((files::PTX_FILE, ptx.clone().into_bytes()));
         }
         files
-    }
-
-    /// Hash of kernel.ptx, as the lock file will record it.
-    pub fn ptx_hash(&self) -> Option<String> {
-        self.ptx.as_ref().map(|p| source::hash(p.as_bytes()))
     }
 
     /// Hash of kernel.cu, as the lock file will record it.
@@ -345,7 +350,7 @@ pub fn load_dir(dir: &Path) -> Result<PendingVariant> {
             dir.join(files::RATIONALE_JSON).display()
         ))
     })?;
-    let ptx = match &variant.ptx {
+    let ptx = match &meta.ptx {
         Some(_) => Some(read(files::PTX_FILE)?),
         None => None,
     };

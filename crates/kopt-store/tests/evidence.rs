@@ -28,7 +28,7 @@ fn sample() -> Evidence {
             spec_hash: "sha256:2222222222222222222222222222222222222222222222222222222222222222".into(),
             source_hash: Some("sha256:3333333333333333333333333333333333333333333333333333333333333333".into()),
             variant_hash: Some("sha256:4444444444444444444444444444444444444444444444444444444444444444".into()),
-            ptx_hash: None,
+            ptx: None,
         }),
         summary: "Loads x and the weight as half2 and keeps the row in registers between the two passes, so each row is read from DRAM once: 1.53x on 8192x4096, 1.05x on a single row (launch-dominated).".into(),
         snapshot_before: Some(BottleneckSnapshot {

@@ -269,11 +269,6 @@ pub fn pin(
     let vtext = read(files::VARIANT_FILE)?;
     let v = VariantFile::parse(&vtext)
         .map_err(|e| EditError::Invalid(format!("{relv}/{}: {e}", files::VARIANT_FILE)))?;
-    let ptx = match &v.ptx {
-        Some(_) => Some(read(files::PTX_FILE)?),
-        None => None,
-    };
-    let ptx_hash = ptx.as_ref().map(|p| source::hash(p.as_bytes()));
     if v.kernel != k.spec.name || v.id != variant {
         return Err(EditError::Invalid(format!(
             "{relv}/{} says kernel `{}` variant `{}`; expected `{}` and `{variant}`",
@@ -331,9 +326,18 @@ pub fn pin(
     // The person vouches for these very files: their hashes go into the claim, so that the
     // folder stays tamper-evident (and can come back with `revert --to`) after the lock no
     // longer names it. A claim of kopt's own verification of these files is kept.
+    let ptx = std::fs::read_to_string(vdir.join(files::PTX_FILE)).ok();
     let kept = r.claim.as_ref().is_some_and(|c| {
-        c.verified_by == VerifiedBy::Kopt && c.compare_files(&src, &vtext, ptx.as_deref()) == ClaimedFiles::Match
+        c.verified_by == VerifiedBy::Kopt
+            && c.compare_files(&src, &vtext, ptx.as_deref()) == ClaimedFiles::Match
     });
+    // The PTX kopt verified with these files runs where it was compiled for.
+    let kept_ptx = r
+        .claim
+        .as_ref()
+        .filter(|_| kept)
+        .and_then(|c| c.ptx.clone())
+        .filter(|p| files::parse_arch(&p.arch) == files::parse_arch(arch));
     if !kept {
         let claim = Claim {
             region: region.map(str::to_string),
@@ -343,7 +347,8 @@ pub fn pin(
             spec_hash: k.hashes.spec.clone(),
             source_hash: Some(source::hash(src.as_bytes())),
             variant_hash: Some(source::hash(vtext.as_bytes())),
-            ptx_hash: ptx_hash.clone(),
+            // A person vouches for the source: the launcher compiles it.
+            ptx: None,
         };
         if r.claim.as_ref() != Some(&claim) {
             r.claim = Some(claim);
@@ -365,7 +370,7 @@ pub fn pin(
         spec_hash: k.hashes.spec.clone(),
         source_hash: source::hash(src.as_bytes()),
         variant_hash: source::hash(vtext.as_bytes()),
-        ptx_hash,
+        ptx: kept_ptx,
     };
     let key = entry.key();
     let summary = match lock

@@ -10,11 +10,18 @@
 //! recorded ([`kopt_engine::precompile::compare`] says which difference fails the check
 //! and which is a note).
 //!
+//! A variant with verified PTX (its `kernel.ptx`, which the launcher loads) is compared
+//! with the PTX this compile made of its source: with the NVRTC that made it, they must
+//! be the same text but for `//` comment lines (NVRTC's build banner), else the PTX that
+//! runs is not what the source compiles to.
+//!
 //! Problems (exit 1): a version that does not compile, a module without the entry, a
-//! variant that now spills where its evidence recorded no spill, and NVRTC missing under
+//! variant that now spills where its evidence recorded no spill, verified PTX other than
+//! what its source compiles to with the same NVRTC, and NVRTC missing under
 //! `KOPT_REQUIRE_NVRTC=1`. Notes: NVRTC missing otherwise (one line, nothing compiled),
-//! another compiler or other figures than the evidence's, warnings, a reference that
-//! spills (a reference has no evidence to compare with).
+//! another compiler or other figures than the evidence's, verified PTX made by another
+//! NVRTC than this one (not compared), warnings, a reference that spills (a reference has
+//! no evidence to compare with).
 
 use kopt::CompiledEntry;
 use kopt_engine::job::KernelVersion;
@@ -57,6 +64,40 @@ pub struct CompiledVersion {
     /// Why it failed, where it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// How its verified PTX compares with this compile's, where it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ptx: Option<PtxCheck>,
+}
+
+/// A variant's verified PTX against the PTX this check's compile made of its source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PtxCheck {
+    /// The same text (comment lines aside).
+    Matches,
+    /// Another text, from the same NVRTC: the first line that differs (1-based).
+    Differs { line: usize },
+    /// Made by another NVRTC than this check's: not compared.
+    OtherNvrtc { recorded: String, here: String },
+}
+
+/// Compares two PTX texts without their `//` comment lines (NVRTC writes its build into
+/// them); `None`: the same, else the first differing line of `verified`, 1-based.
+pub fn ptx_difference(verified: &str, compiled: &str) -> Option<usize> {
+    let code = |t: &str| -> Vec<(usize, String)> {
+        t.lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim_start().starts_with("//"))
+            .map(|(i, l)| (i + 1, l.trim_end().to_string()))
+            .collect()
+    };
+    let (a, b) = (code(verified), code(compiled));
+    let first = a.iter().zip(&b).find(|(x, y)| x.1 != y.1);
+    match first {
+        Some((x, _)) => Some(x.0),
+        None if a.len() == b.len() => None,
+        None => Some(a.get(b.len()).map_or(verified.lines().count() + 1, |x| x.0)),
+    }
 }
 
 /// A version the fence refused.
@@ -164,27 +205,34 @@ pub fn compile_check(g: &Gathered) -> CompileCheck {
         }
         let reference = KernelVersion::reference(&k.spec, &k.reference.text);
         for arch in &archs {
-            versions.push(compile_one(
-                k,
-                &reference,
-                arch,
-                None,
-                &mut problems,
-                &mut notes,
-            ));
+            let (out, _) = compile_one(k, &reference, arch, None, &mut problems, &mut notes);
+            versions.push(out);
         }
         for e in &k.state.entries {
             let Ok(u) = &e.status else { continue };
             let variant = KernelVersion::variant(&u.variant, &u.source);
             let evidence = recorded(k, &e.entry.variant);
-            versions.push(compile_one(
+            let (mut out, compiled) = compile_one(
                 k,
                 &variant,
                 &e.entry.arch,
                 Some(evidence),
                 &mut problems,
                 &mut notes,
-            ));
+            );
+            if let (Some(p), Some(compiled)) = (&u.ptx, compiled) {
+                let here = format!("{major}.{minor}");
+                out.ptx = Some(check_ptx(
+                    k,
+                    &e.entry,
+                    p,
+                    &compiled,
+                    &here,
+                    &mut problems,
+                    &mut notes,
+                ));
+            }
+            versions.push(out);
         }
     }
     CompileCheck::Ran {
@@ -194,6 +242,55 @@ pub fn compile_check(g: &Gathered) -> CompileCheck {
         versions,
         problems,
         notes,
+    }
+}
+
+/// Compares an entry's verified PTX with `compiled`, this check's PTX of its source.
+fn check_ptx(
+    k: &Kernel,
+    entry: &files::LockEntry,
+    verified: &kopt_spec::selection::VerifiedPtx,
+    compiled: &str,
+    here: &str,
+    problems: &mut Vec<Problem>,
+    notes: &mut Vec<String>,
+) -> PtxCheck {
+    let rel = format!(
+        "{}/kopt/{}/{}/{}",
+        k.package,
+        k.spec.name,
+        entry.variant,
+        files::PTX_FILE
+    );
+    if verified.record.nvrtc != here {
+        notes.push(format!(
+            "{rel}: made by NVRTC {}, this check has NVRTC {here}; not compared (the launcher loads it as it is)",
+            verified.record.nvrtc
+        ));
+        return PtxCheck::OtherNvrtc {
+            recorded: verified.record.nvrtc.clone(),
+            here: here.to_string(),
+        };
+    }
+    match ptx_difference(&verified.text, compiled) {
+        None => PtxCheck::Matches,
+        Some(line) => {
+            problems.push(Problem {
+                kernel: k.spec.name.clone(),
+                path: rel.clone(),
+                problem: format!(
+                    "the verified PTX of `{}` is not what NVRTC {here} compiles its {} to for {} (they differ from line {line}): the code the launcher loads is not the source's",
+                    entry.variant,
+                    files::SOURCE_FILE,
+                    entry.arch
+                ),
+                fix: format!(
+                    "restore both files from version control (`git checkout -- {}`); if the CUDA headers differ from the ones it was verified with, verify it again here (`cargo kopt verify`)",
+                    rel.trim_end_matches(files::PTX_FILE)
+                ),
+            });
+            PtxCheck::Differs { line }
+        }
     }
 }
 
@@ -212,7 +309,7 @@ fn compile_one(
     evidence: Option<Recorded>,
     problems: &mut Vec<Problem>,
     notes: &mut Vec<String>,
-) -> CompiledVersion {
+) -> (CompiledVersion, Option<String>) {
     let version = v.id.as_str();
     let path = if evidence.is_none() {
         format!("{}/{}", k.package, k.spec.reference)
@@ -239,6 +336,7 @@ fn compile_one(
         warnings: String::new(),
         warning_count: 0,
         failure: None,
+        ptx: None,
     };
     let problem = |problem: String, fix: &str| Problem {
         kernel: k.spec.name.clone(),
@@ -276,7 +374,7 @@ fn compile_one(
                 },
                 message: why.message().to_string(),
             });
-            return out;
+            return (out, None);
         }
     };
     out.warning_count = kopt::warning_count(&compiled.warnings);
@@ -288,8 +386,9 @@ fn compile_one(
     }
     out.warnings = compiled.warnings;
     out.resources = compiled.resources;
+    let ptx = compiled.ptx;
     let Some(now) = compiled.figures else {
-        return out;
+        return (out, ptx);
     };
     match evidence {
         None => {
@@ -312,7 +411,7 @@ fn compile_one(
             notes.extend(c.notes.into_iter().map(|n| format!("{who}: {n}")));
         }
     }
-    out
+    (out, ptx)
 }
 
 /// What a variant's rationale recorded: its compile figures, and the registers of its

@@ -448,7 +448,12 @@ impl Kernel {
         if let Some(f) = loaded.reference.get() {
             return Ok(f);
         }
-        let f = compile::load(stream.context(), self.def.name, &self.def.reference, loaded.cc)?;
+        let f = compile::load(
+            stream.context(),
+            self.def.name,
+            &self.def.reference,
+            loaded.cc,
+        )?;
         Ok(loaded.reference.get_or_init(|| f))
     }
 
@@ -600,9 +605,7 @@ impl Kernel {
                         region: def.region.as_ref().map(|r| r.text),
                     },
                     embedded_ptx: def.ptx.as_ref().map(|p| p.nvrtc),
-                    code: loaded
-                        .zip(index)
-                        .and_then(|(l, i)| l.origins[i].clone()),
+                    code: loaded.zip(index).and_then(|(l, i)| l.origins[i].clone()),
                 };
             }
             if let Some(r) = &def.region {

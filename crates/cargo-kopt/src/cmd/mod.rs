@@ -153,13 +153,13 @@ pub struct PartitionArg {
 pub struct WinArgs {
     /// A candidate is a new best when it is faster than the best by more than this
     /// percentage on some shape...
-    #[arg(long, value_name = "PCT", default_value_t = 3.0, value_parser = parse_gain_pct)]
+    #[arg(long, value_name = "PCT", default_value_t = 3.0, value_parser = kopt_agent::run::parse_gain_pct)]
     pub min_gain: f64,
     /// ... or not slower on any shape (beyond that shape's measured timing noise) and
     /// faster by more than this percentage in geometric mean over the shapes. Both are
     /// raised to twice the timing noise measured on the starting version, never lowered
     /// below it.
-    #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = parse_gain_pct)]
+    #[arg(long, value_name = "PCT", default_value_t = 1.0, value_parser = kopt_agent::run::parse_gain_pct)]
     pub min_uniform_gain: f64,
 }
 
@@ -200,21 +200,6 @@ impl EvalArgs {
             ..eval::Settings::default()
         }
     }
-}
-
-/// A win threshold in percent (`--min-gain`, `--min-uniform-gain`): finite, 0 to 100.
-pub fn parse_gain_pct(text: &str) -> Result<f64, String> {
-    let v: f64 = text
-        .trim()
-        .trim_end_matches('%')
-        .parse()
-        .map_err(|_| format!("`{text}` is not a percentage: write e.g. `3` or `0.5`"))?;
-    if !(0.0..100.0).contains(&v) {
-        return Err(format!(
-            "`{text}`: a gain threshold is a percentage from 0 to below 100"
-        ));
-    }
-    Ok(v)
 }
 
 pub fn check_names(g: &Gathered, names: &[String]) -> Result<(), String> {

@@ -25,6 +25,10 @@ pub struct VerifyArgs {
     pub devices: Option<kopt_engine::pool::DeviceSelection>,
     #[command(flatten)]
     pub partition: PartitionArg,
+    /// Verify a variant without verified PTX with the PTX NVRTC compiles for it now, and
+    /// keep that PTX with it (its kernel.ptx, recorded in the lock) when it passes.
+    #[arg(long)]
+    pub keep_ptx: bool,
 }
 
 pub fn run(a: VerifyArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode, String> {
@@ -38,9 +42,10 @@ pub fn run(a: VerifyArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode
         engine.worker.step_timeout = std::time::Duration::from_secs(a.eval.step_timeout);
     }
     let bar = progress_bar(json);
-    let verified = eval::verify(&gathered, &a.kernels, &mut pool, &settings, &mut |m| {
-        bar.say(m)
-    })
+    let mut say = |m: &str| bar.say(m);
+    let verified = eval::verify(
+        &gathered, &a.kernels, &mut pool, &settings, a.keep_ptx, &mut say,
+    )
     .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     let ok = verified.outcomes.iter().all(|o| o.passed());

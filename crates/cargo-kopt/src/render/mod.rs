@@ -170,9 +170,18 @@ pub fn verify(v: &Verified) {
         };
         let _ = writeln!(
             out,
-            "{st}{word}{st:#} {head}{}",
+            "{st}{word}{st:#} {head}: {}{}",
+            o.loaded,
             if o.cached { " (cached)" } else { "" }
         );
+        if let Some(k) = &o.kept_ptx {
+            let _ = writeln!(
+                out,
+                "  kept its PTX as {} ({})",
+                k.file,
+                k.record.describe()
+            );
+        }
         let mut t = Table::new(&[
             "shape",
             "reference µs",

@@ -692,6 +692,7 @@ fn the_compile_fence_table() {
             warnings: String::new(),
             warning_count: 0,
             failure: None,
+            ptx: None,
         };
     let mut warned = row("online-vec4", 40, 0, Some(Match::RegistersSame));
     warned.warning_count = 1;

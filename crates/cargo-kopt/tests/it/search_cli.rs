@@ -539,7 +539,7 @@ fn a_winner_measured_on_the_fake_device_is_never_accepted() {
         spec_hash: meta["spec_hash"].as_str().unwrap().into(),
         source_hash: hash(files::SOURCE_FILE),
         variant_hash: hash(files::VARIANT_FILE),
-        ptx_hash: None,
+        ptx: None,
     });
     w.ws.write(lock_path, &lock.render());
     let o = w.run(&["check"]);

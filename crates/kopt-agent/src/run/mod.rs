@@ -234,6 +234,22 @@ pub struct Rules {
     pub search_matrices: bool,
 }
 
+/// A win threshold in percent (`--min-gain`, `--min-uniform-gain`, `3` or `0.5%`):
+/// finite, from 0 to below 100.
+pub fn parse_gain_pct(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("`{text}` is not a percentage: write e.g. `3` or `0.5`"))?;
+    if !(0.0..100.0).contains(&v) {
+        return Err(format!(
+            "`{text}`: a gain threshold is a percentage from 0 to below 100"
+        ));
+    }
+    Ok(v)
+}
+
 impl Default for Rules {
     fn default() -> Self {
         Rules {
@@ -871,9 +887,10 @@ pub fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> Kernel
     if let Some(entry) = &r.proposal.candidate.entry {
         v.entry = entry.clone();
     }
-    // Code compiled ahead belongs to the best's source, not to the candidate's.
+    // Code compiled ahead (or verified) belongs to the best's source, not the candidate's.
     v.ptx = None;
     v.cubin = None;
+    v.symbol = None;
     if let Some(l) = &r.proposal.launch {
         let parse = |t: &str| -> kopt_spec::expr::Expr {
             kopt_spec::expr::parse_str(

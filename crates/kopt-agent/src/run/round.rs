@@ -906,6 +906,10 @@ impl PointJudge<'_, '_> {
         let mut version = c.base.clone();
         version.id = id.clone();
         version.defines = point_defines(&c.base.defines, c.matrix, p);
+        // The base's code was compiled with its own defines.
+        version.ptx = None;
+        version.cubin = None;
+        version.symbol = None;
         (id, version)
     }
 
@@ -1028,7 +1032,9 @@ impl SearchEvaluator for PointEvaluator<'_, '_, '_> {
         if let Some(Compiled::Ok { code, .. }) = compiled {
             judge.evaluator.attach_code(&mut version, code);
         }
-        let verdict = judge.evaluator.evaluate(&mut version, judge.best.us.as_ref());
+        let verdict = judge
+            .evaluator
+            .evaluate(&mut version, judge.best.us.as_ref());
         judge.settle(id, version, verdict)
     }
 }

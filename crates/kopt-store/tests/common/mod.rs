@@ -156,7 +156,7 @@ impl Fixture {
             std::fs::read_to_string(shipped.join("kernel.cu")).unwrap()
         );
         PendingVariant {
-            ptx: std::fs::read_to_string(shipped.join(files::PTX_FILE)).ok(),
+            ptx: None,
             meta: PendingMeta {
                 format: files::FORMAT,
                 package: "fixture-kernels".into(),
@@ -172,6 +172,7 @@ impl Fixture {
                 session: Some(format!("target/kopt/runs/{run_id}/journal.jsonl")),
                 kind: None,
                 baseline: None,
+                ptx: None,
                 evidence: EvidenceSummary {
                     shapes_checked: vec!["cols=4096 rows=4096".into(), "cols=65536 rows=16".into()],
                     held_out_shapes: vec!["cols=1000 rows=3".into()],
