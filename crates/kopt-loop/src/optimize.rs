@@ -63,7 +63,7 @@ impl Evaluate for LoopEvaluator<'_> {
         // loads exactly that PTX through the driver, as the generated launcher will.
         let compiled_ahead = candidate.cubin.is_some() || candidate.ptx.is_some();
         let refused = match (compiled_ahead, self.fence(candidate)) {
-            (false, Err(verdict)) => Some(verdict),
+            (false, Err(why)) => Some(kopt_engine::precompile::rejected(&why)),
             (false, Ok(Some(code))) if !self.target.as_ref().is_some_and(|t| t.1) => {
                 candidate.ptx = code.ptx;
                 candidate.symbol = code.symbol;
@@ -157,22 +157,22 @@ impl<'a> LoopEvaluator<'a> {
 
     /// The compile fence on the CPU ([`kopt_engine::precompile`]): a version that does not
     /// compile for the device's architecture, or whose module lacks its entry, gets its
-    /// verdict here (`Err`), and no worker sees it. `Ok(None)`: the device could not be
-    /// asked its architecture, and the engine reports that itself.
+    /// verdict here (from `Err`), and no worker sees it. `Ok(None)`: the device could not
+    /// be asked its architecture, and the engine reports that itself.
     fn fence(
         &self,
         version: &KernelVersion,
-    ) -> Result<Option<kopt_engine::precompile::Precompiled>, Verdict> {
+    ) -> Result<Option<kopt_engine::precompile::Precompiled>, kopt_engine::precompile::Refused>
+    {
         let Some((arch, fake)) = self.target.as_ref() else {
             return Ok(None);
         };
-        kopt_engine::precompile::precompile(&self.k.spec.name, version, arch, *fake)
-            .map(Some)
-            .map_err(|why| kopt_engine::precompile::rejected(&why))
+        kopt_engine::precompile::precompile(&self.k.spec.name, version, arch, *fake).map(Some)
     }
 
     fn refused(&self, version: &KernelVersion) -> Option<Verdict> {
-        self.fence(version).err()
+        let why = self.fence(version).err()?;
+        Some(kopt_engine::precompile::rejected(&why))
     }
 
     /// Verifies `version` against the reference with figures measured now, never from

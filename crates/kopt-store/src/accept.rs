@@ -872,8 +872,8 @@ pub fn keep_ptx(
     })?;
     let vdir = t.kernel_dir().join(&entry.variant);
     let path = vdir.join(files::PTX_FILE);
-    // Another entry of the same folder may vouch for a kernel.ptx already: never replace
-    // that file with other bytes.
+    // An entry of the same folder may vouch for a kernel.ptx already: never replace that
+    // file with other bytes.
     if let Some(other) = lock
         .accepted
         .iter()
@@ -881,7 +881,7 @@ pub fn keep_ptx(
         .find_map(|e| e.ptx.as_ref().filter(|p| p.hash != record.hash))
     {
         return Err(Error::Conflict(format!(
-            "{} is already the verified PTX of another entry of `{}` (NVRTC {}, {}); nothing was written",
+            "{} is already the verified PTX of `{}` (NVRTC {}, {}), recorded in the lock; nothing was written",
             t.rel(&path),
             entry.variant,
             other.nvrtc,

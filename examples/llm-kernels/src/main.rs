@@ -5,6 +5,7 @@
 //! llm-kernels explain [--arch A] [--device NAME]
 //!                                  which version runs for each declared shape (no GPU)
 //! llm-kernels bench [--launches N] launcher overhead and per-shape times (GPU)
+//! llm-kernels first-launch         per kernel, the first launch's load time (GPU)
 //! ```
 
 use std::process::ExitCode;
@@ -31,12 +32,13 @@ fn main() -> ExitCode {
             );
             Ok(true)
         }
-        "run" | "bench" => match kopt::gpu::missing() {
+        "run" | "bench" | "first-launch" => match kopt::gpu::missing() {
             Some(why) => {
                 eprintln!("llm-kernels: {why}");
                 return ExitCode::from(2);
             }
             None if cmd == "run" => run(),
+            None if cmd == "first-launch" => first_launch(),
             None => bench(
                 flag("--launches")
                     .and_then(|v| v.parse().ok())
@@ -44,7 +46,9 @@ fn main() -> ExitCode {
             ),
         },
         other => {
-            eprintln!("llm-kernels: unknown command `{other}`; use run, explain or bench");
+            eprintln!(
+                "llm-kernels: unknown command `{other}`; use run, explain, bench or first-launch"
+            );
             return ExitCode::from(2);
         }
     };
@@ -106,6 +110,36 @@ fn run() -> Res<bool> {
     let failed = checks.iter().filter(|c| c.failing != 0).count() + usize::from(!refused);
     println!("{} passed, {failed} failed", checks.len() + 1 - failed);
     Ok(failed == 0)
+}
+
+/// The first launch of each kernel in this process: the time its launcher's first step
+/// (`prepare`, which loads the kernel's versions into the context and picks one) takes
+/// on its first declared shape, and what then runs. Everything a first call costs on the
+/// host before the kernel is enqueued; run it in a fresh process.
+fn first_launch() -> Res<bool> {
+    let t = Instant::now();
+    let ctx = CudaContext::new(0)?;
+    let stream = ctx.default_stream();
+    let context_ms = t.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "device: {}; context created in {context_ms:.1} ms",
+        ctx.name()?
+    );
+    println!(
+        "{:<12} {:>9}  what runs on the first declared shape",
+        "kernel", "first ms"
+    );
+    let mut total = 0.0;
+    for k in KERNELS {
+        let args = k.spec().shape_args(&k.spec().shapes[0]);
+        let t = Instant::now();
+        k.prepare(&stream, &args)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        total += ms;
+        println!("{:<12} {ms:>9.1}  {}", k.name(), k.explain(&stream, &args)?);
+    }
+    println!("{:<12} {total:>9.1}", "all nine");
+    Ok(true)
 }
 
 /// Launcher overhead per call against a hand-written cudarc launch of the same kernel,

@@ -1,8 +1,89 @@
 //! On a GPU: every generated launcher against the CPU reference, with the accepted
-//! variants selected on sm_90.
+//! variants selected on sm_90, each loaded from its verified PTX.
 
 use kopt::cudarc::driver::CudaContext;
-use llm_kernels::check;
+use kopt::{CodeOrigin, IGNORE_PTX};
+use llm_kernels::{check, KERNELS};
+
+/// On the first declared shape each variant covers, how the launcher loaded the variant
+/// that runs: `(kernel, variant, origin)`.
+fn origins(
+    stream: &std::sync::Arc<kopt::cudarc::driver::CudaStream>,
+) -> Vec<(String, String, CodeOrigin)> {
+    let mut out = Vec::new();
+    for k in KERNELS {
+        for shape in &k.spec().shapes {
+            let s = k.explain(stream, &k.spec().shape_args(shape)).unwrap();
+            if let Some(code) = s.code {
+                if !out.iter().any(|(n, v, _)| n == k.name() && v == s.variant) {
+                    out.push((k.name().to_string(), s.variant.to_string(), code));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every variant with verified PTX embedded runs from it, without NVRTC; under
+/// `KOPT_IGNORE_PTX` (a child process of this test) each is compiled from its source and
+/// says why.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn variants_run_from_their_verified_ptx() {
+    if !kopt::gpu::available_for_test() {
+        return;
+    }
+    let ctx = CudaContext::new(0).unwrap();
+    if ctx.compute_capability().unwrap() != (9, 0) || kopt::disabled() {
+        return;
+    }
+    let stream = ctx.default_stream();
+    let with_ptx: Vec<(&str, &str)> = KERNELS
+        .iter()
+        .flat_map(|k| {
+            k.def()
+                .variants
+                .iter()
+                .filter(|v| v.ptx.is_some() && v.arch == Some("sm_90"))
+                .map(|v| (k.name(), v.id))
+        })
+        .collect();
+    assert!(
+        !with_ptx.is_empty(),
+        "no accepted variant of the example has verified PTX"
+    );
+    let ignored = std::env::var_os(IGNORE_PTX).is_some();
+    let loaded = origins(&stream);
+    for (kernel, variant) in &with_ptx {
+        let Some((_, _, code)) = loaded.iter().find(|(k, v, _)| k == kernel && v == variant) else {
+            continue; // Not chosen on any declared shape here (another device's entry).
+        };
+        match (ignored, code) {
+            (false, CodeOrigin::VerifiedPtx { .. }) => {}
+            (true, CodeOrigin::Compiled { why }) => assert!(why.contains(IGNORE_PTX), "{why}"),
+            other => panic!("{kernel}/{variant}: {other:?}"),
+        }
+    }
+    if !ignored {
+        // The same checks with every variant compiled from its source instead.
+        let me = std::env::current_exe().unwrap();
+        let o = std::process::Command::new(me)
+            .args([
+                "--ignored",
+                "--exact",
+                "variants_run_from_their_verified_ptx",
+            ])
+            .env(IGNORE_PTX, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && text.contains("1 passed"),
+            "{text}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
 
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -134,6 +134,10 @@ impl Fixture {
         self.crate_root.join(rel)
     }
 
+    pub fn write(&self, rel: &str, text: &str) {
+        std::fs::write(self.path(rel), text).unwrap();
+    }
+
     pub fn read(&self, rel: &str) -> String {
         std::fs::read_to_string(self.path(rel)).unwrap()
     }
