@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the test binaries that hold GPU tests (those marked "needs a CUDA GPU") and the
-# `cargo-kopt` binary they start as the worker, in release, and stages them compressed
+# Builds the test binaries that hold GPU tests (those marked "needs a CUDA GPU"), the
+# `cargo-kopt` binary they start as the worker and the example's `llm-kernels`, in release, and stages them compressed
 # under .gpu/<name>/ for scripts/gpu-tests.sh on the GPU machine. Only these binaries: the
 # whole workspace's test binaries are over the carry's 64 MiB.
 #
@@ -51,9 +51,11 @@ PY
 [ ${#selection[@]} -gt 0 ] || { echo "gpu-stage-tests.sh: no test target holds a GPU test" >&2; exit 1; }
 echo "GPU test targets: ${selection[*]}" >&2
 cargo build --release --locked "${features[@]}" -p cargo-kopt --bins
+# The example's binary too (`llm-kernels run`, `first-launch`), its variants as committed.
+cargo build --release --locked -p llm-kernels --bins
 out="$root/.gpu/$name"
 rm -rf "$out" && mkdir -p "$out/bin" "$out/tests"
-cp target/release/cargo-kopt "$out/bin/"
+cp target/release/cargo-kopt target/release/llm-kernels "$out/bin/"
 cargo test --release --locked "${features[@]}" --no-run --message-format=json "${selection[@]}" \
   | python3 -c '
 import json, os, shutil, sys
