@@ -15,6 +15,7 @@
 pub mod codegen;
 pub mod expr;
 pub mod files;
+pub mod regions;
 pub mod search_bench;
 pub mod selection;
 pub mod shapes;
