@@ -10,7 +10,8 @@
 #
 # Steps (STEPS, default: old keep first tests), each under a timeout, the next after a failure:
 #   old    first-launch of the old binary: every version compiled by NVRTC at first launch
-#   keep   `cargo kopt verify --keep-ptx` on the example: each variant verified with the PTX
+#   keep   `cargo kopt verify --keep-ptx KERNEL`, each kernel of the example (KEEP_KERNELS,
+#          KEEP_SECS each, default 120): each variant verified with the PTX
 #          NVRTC compiles for it now, kept with it when it passes (its kopt/ files come back
 #          in $OUT/ptx/kopt/)
 #   first  first-launch of the staged binary, as built (PTX embedded or not), then with
@@ -47,7 +48,10 @@ if has old; then
 fi
 cd "$ROOT/examples/llm-kernels"
 if has keep; then
-    step keep 420 cargo kopt verify --keep-ptx
+    # One kernel at a time, so that a timeout loses one kernel's verification only.
+    for k in ${KEEP_KERNELS:-$(ls kopt)}; do
+        step "keep-$k" "${KEEP_SECS:-120}" cargo kopt verify --keep-ptx "$k"
+    done
     mkdir -p "$W/kopt" && cp -r kopt/. "$W/kopt/"
 fi
 if has first; then

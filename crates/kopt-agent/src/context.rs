@@ -95,6 +95,8 @@ pub struct ContextInput<'a> {
     pub ceilings: String,
     /// Per-shape figures of the current best, one line each.
     pub figures: Vec<String>,
+    /// The winners of regions (the best keeps the other shapes), one line each.
+    pub regions: Vec<String>,
     /// The bottleneck snapshot's text rendering, when one was taken.
     pub snapshot: Option<String>,
     pub structure: String,
@@ -234,6 +236,10 @@ pub fn propose(input: &ContextInput, schema: &str) -> Result<ChatRequest, String
                     ("device", input.device.clone()),
                     ("ceilings", input.ceilings.clone()),
                     ("figures", bullet(&input.figures, "not measured yet")),
+                    (
+                        "regions",
+                        bullet(&input.regions, "none: the current best runs every shape"),
+                    ),
                     (
                         "snapshot",
                         input

@@ -42,6 +42,14 @@ pub struct Proposal {
     /// candidate's own defines only; its `search` tool searches.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matrix: Option<BTreeMap<String, Vec<i64>>>,
+    /// The shapes the candidate is for, when not every shape: a condition over the
+    /// kernel's scalar arguments in the annotation's expression language (`cols <= 1024`,
+    /// `rows >= 4096 && cols % 8 == 0`), holding on at least one declared shape. The
+    /// candidate is verified and timed on the declared and held-out shapes where it holds,
+    /// and a winner there is kept for that region only: the current best (or the
+    /// reference) keeps the other shapes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
 }
 
 /// The most points a proposal's `matrix` may hold (the product of its value counts).
@@ -233,6 +241,23 @@ fn resolve(p: Proposal, spec: &KernelSpec, current_best: &str) -> Result<Resolve
             None
         }
     };
+    if let Some(r) = &p.region {
+        match spec.parse_region(r) {
+            Err(e) => errors.push(format!("`region` {e}")),
+            Ok(e) if !spec.shapes.iter().any(|s| spec.region_holds(&e, &spec.shape_args(s))) =>
+            {
+                errors.push(format!(
+                    "`region` `{r}` holds on no declared shape ({}): a region must hold on at least one, where the candidate is timed",
+                    spec.shapes
+                        .iter()
+                        .map(kopt_spec::spec::shape_label)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ));
+            }
+            Ok(_) => {}
+        }
+    }
     if let Some(s) = &source {
         match p.candidate.entry.as_deref() {
             Some(entry) if !kopt_spec::source::may_define_entry(s, entry) => {

@@ -27,6 +27,7 @@ fn input<'a>(spec: &'a kopt_spec::KernelSpec, source: &'a str, budget: usize) ->
             "cols=4096 rows=4096: 64.61 µs, 49.4% of copy bandwidth".into(),
             "cols=65536 rows=16: 195.88 µs, 1.0% of copy bandwidth (16 blocks on 132 SMs)".into(),
         ],
+        regions: vec!["`cols <= 1024`: warp-row (1.22x over the best on those shapes; region found by kopt)".into()],
         snapshot: Some("memory-bound (extra passes): dram 49% of peak; 3 global loads per element".into()),
         structure: "3 loops over cols (stride blockDim.x); 2 block reductions through shared memory (32 floats); no atomics".into(),
         cases: (1..=6)

@@ -162,6 +162,12 @@ impl Verdict {
         }
     }
 
+    /// A candidate that cannot be launched as asked (a region that does not parse against
+    /// the annotation): the launch fence failed, and nothing ran.
+    pub fn not_launched(message: &str) -> Self {
+        Verdict::rejected(Fence::Launch, format!("{message}; nothing ran"))
+    }
+
     /// A version the parent's compile on the CPU refused ([`crate::precompile`]): the
     /// compile fence failed with the compiler's message, and no worker ran it.
     pub fn compile_rejected(log: &str) -> Self {

@@ -152,16 +152,7 @@ pub fn job(
     timed: bool,
 ) -> EvalJob {
     let reference = KernelVersion::reference(&k.spec, &k.reference.text);
-    let inside = |s: &Shape| match region {
-        None => true,
-        Some(r) => {
-            k.spec
-                .compile_expr(r, &Default::default())
-                .ok()
-                .and_then(|p| kopt_spec::expr::eval(&p, &k.spec.shape_args(s)).ok())
-                == Some(1)
-        }
-    };
+    let inside = |s: &Shape| region.is_none_or(|r| k.spec.region_holds(r, &k.spec.shape_args(s)));
     let mut shapes: Vec<ShapeCase> = k
         .spec
         .shapes

@@ -187,10 +187,12 @@ pub fn journal_counts(entries: &[Entry]) -> BTreeMap<String, Counts> {
 pub struct KernelRecord {
     /// The device its verdicts came from, and where its loop started.
     pub started: Option<(String, StartRecord)>,
-    /// Its result, and its pending variant's record, once its loop had ended.
-    pub finished: Option<(KernelResult, Option<PendingRecord>)>,
-    /// A `pending_saved` event follows its `kernel_finished`.
-    pub pending_saved: bool,
+    /// Its result, and its pending variants' records (the winner of every shape first,
+    /// then the winners of regions, in the order they are saved), once its loop had ended.
+    pub finished: Option<(KernelResult, Vec<PendingRecord>)>,
+    /// How many `pending_saved` events follow its `kernel_finished`: that many of its
+    /// records were saved.
+    pub pending_saved: usize,
     /// The last recorded verdict of each candidate.
     pub verdicts: BTreeMap<String, VerdictRecord>,
     /// The replies without a usable proposal: id and error.
@@ -280,16 +282,17 @@ impl RunRecord {
                             let message = format!("the journal's result of `{kernel}` cannot be read ({e}): resume with the kopt that started the run");
                             Error::file(dir.join(kopt_store::journal::JOURNAL_FILE), message, e)
                         })?;
-                    let pending = match cited(artefacts, "pending") {
-                        Some(rel) => Some(load::<PendingRecord>(dir, &rel)?),
-                        None => None,
-                    };
+                    let pending = artefacts
+                        .iter()
+                        .filter(|a| a.starts_with("artefacts/pending/"))
+                        .map(|rel| load::<PendingRecord>(dir, rel))
+                        .collect::<Result<Vec<_>>>()?;
                     let k = run.kernels.entry(kernel.clone()).or_default();
                     k.finished = Some((result, pending));
-                    k.pending_saved = false;
+                    k.pending_saved = 0;
                 }
                 Event::PendingSaved { kernel, .. } => {
-                    run.kernels.entry(kernel.clone()).or_default().pending_saved = true;
+                    run.kernels.entry(kernel.clone()).or_default().pending_saved += 1;
                 }
                 _ => {}
             }

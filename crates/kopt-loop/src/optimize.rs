@@ -57,7 +57,14 @@ impl Evaluate for LoopEvaluator<'_> {
         &mut self,
         candidate: &mut KernelVersion,
         best_us: Option<&BTreeMap<String, f64>>,
+        region: Option<&str>,
     ) -> Verdict {
+        // A region was validated against the spec when the proposal was read, or found
+        // by the loop in the spec's own language.
+        let region = match region.map(|r| self.k.spec.parse_region(r)).transpose() {
+            Ok(r) => r,
+            Err(e) => return Verdict::not_launched(&format!("its region {e}")),
+        };
         // Code carried in the version passed the compile fence in the compile pool. Else
         // the fence compiles it here, and on a GPU its PTX goes into the job: the worker
         // loads exactly that PTX through the driver, as the generated launcher will.
@@ -75,7 +82,7 @@ impl Evaluate for LoopEvaluator<'_> {
             self.g,
             self.k,
             candidate.clone(),
-            None,
+            region.as_ref(),
             &self.settings,
             true,
         );
@@ -329,6 +336,9 @@ pub struct KernelResult {
     pub best_speedup: Option<f64>,
     /// `package/kernel/arch` of the pending variant left for review.
     pub pending: Option<String>,
+    /// The pending variants of the regions it won (`package/kernel/arch where REGION`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regional_pending: Vec<String>,
     /// The escalation note, relative to the run folder.
     pub escalation: Option<String>,
     pub tokens: u64,
@@ -696,16 +706,17 @@ pub struct RunResult {
 fn finished_before(
     run: &RunShared,
     name: &str,
-    (result, pending): (&KernelResult, Option<&PendingRecord>),
-    pending_saved: bool,
+    (result, pending): (&KernelResult, &[PendingRecord]),
+    pending_saved: usize,
     progress: &dyn Fn(&str),
 ) -> Result<KernelResult> {
     let mut result = result.clone();
-    if let (Some(p), false) = (pending, pending_saved) {
-        run.journal()
-            .save_pending(&run.kopt, &p.clone().into_pending())?;
+    for p in pending.iter().skip(pending_saved) {
+        let p = p.clone().into_pending();
+        run.journal().save_pending(&run.kopt, &p)?;
         progress(&format!(
-            "{name}: its winner is saved for review now (the run stopped before it was)"
+            "{name}: its winner {} is saved for review now (the run stopped before it was)",
+            p.label()
         ));
     }
     progress(&format!("{name}: its loop had finished; not run again"));
@@ -799,7 +810,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             return finished_before(
                 run,
                 &name,
-                (result, pending.as_ref()),
+                (result, pending),
                 rec.pending_saved,
                 progress,
             );
@@ -820,6 +831,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             rejected: 0,
             best_speedup: None,
             pending: None,
+            regional_pending: Vec::new(),
             escalation: None,
             tokens: 0,
             dollars: 0.0,
@@ -1213,6 +1225,9 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
                 }
                 run::Event::Malformed { id, .. } => format!("{id}: no usable proposal"),
                 run::Event::Improved { id, speedup } => format!("{id} improves: {speedup:.2}x"),
+                run::Event::RegionalWinner {
+                    id, region, speedup, ..
+                } => format!("{id} wins where `{region}`: {speedup:.2}x"),
                 run::Event::Reflection => "reflection turn".into(),
                 run::Event::Review { id, objections } => {
                     format!("{id}: {objections} objection(s)")
@@ -1301,6 +1316,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         rejected: counts.rejected,
         best_speedup: best,
         pending: None,
+        regional_pending: Vec::new(),
         escalation: None,
         tokens: outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens,
         dollars: outcome.spend.dollars,
@@ -1320,6 +1336,13 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             .ok();
     }
     let mut pending = None;
+    let budget = files::BudgetUsed {
+        rounds: Some(outcome.rounds),
+        candidates: Some(outcome.tried.len() as u32),
+        wall_time_s: None,
+        tokens: Some(outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens),
+        cost_usd: Some(outcome.spend.dollars),
+    };
     if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
         match pending_variant(&Winner {
             k,
@@ -1336,16 +1359,11 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             run_id: &run.run_id,
             session: &session,
             root: &g.workspace_root,
-            budget: files::BudgetUsed {
-                rounds: Some(outcome.rounds),
-                candidates: Some(outcome.tried.len() as u32),
-                wall_time_s: None,
-                tokens: Some(outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens),
-                cost_usd: Some(outcome.spend.dollars),
-            },
+            budget: budget.clone(),
             sweep: outcome.best_sweep.as_ref(),
             baseline: baseline.clone(),
             rules: Some(&rules),
+            region: None,
         }) {
             Ok(p) => pending = Some(p),
             Err(e) => {
@@ -1355,25 +1373,59 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         }
     }
     result.pending = pending.as_ref().map(|p| p.label());
+    // Each region's winner, with the job it was verified in (the same shapes and seeds:
+    // a job is a function of the candidate, the region and the run's salt).
+    let mut regional = Vec::new();
+    for w in &outcome.regional {
+        let region = k.spec.parse_region(&w.region).ok();
+        let job = eval::job(g, k, w.version.clone(), region.as_ref(), &opts.settings, true);
+        match pending_variant(&Winner {
+            k,
+            arch: &device.arch,
+            device_name: &device.name,
+            driver_api: device.driver_api,
+            copy_gbs: ceilings.as_ref().map(|c| c.copy_gbs),
+            snapshot_before: snapshot.as_ref().map(|s| s.for_rationale()),
+            version: &w.version,
+            proposal: &w.resolved.proposal,
+            verdict: &w.verdict,
+            job: &job,
+            agent: &opts.agent,
+            run_id: &run.run_id,
+            session: &session,
+            root: &g.workspace_root,
+            budget: budget.clone(),
+            sweep: None,
+            baseline: None,
+            rules: Some(&rules),
+            region: Some((&w.region, w.found.as_ref())),
+        }) {
+            Ok(p) => regional.push(p),
+            Err(e) => progress(&format!(
+                "{name}: the winner where `{}` is not recorded: {e}",
+                w.region
+            )),
+        }
+    }
+    result.regional_pending = regional.iter().map(|p| p.label()).collect();
+    let pending: Vec<PendingVariant> = pending.into_iter().chain(regional).collect();
     // The loop's end, with the winner's pending variant in full before it is saved: a run
     // stopped between the two saves it when resumed.
     let mut journal = run.journal();
-    let artefacts = match &pending {
-        Some(p) => {
-            let rel = loop_record::unused_artefact(&journal, Some("pending"), &name, "json");
-            vec![journal.save_artefact(
-                &rel,
-                &serde_json::to_string(&PendingRecord::of(p)).expect("pending variants serialise"),
-            )?]
-        }
-        None => vec![],
-    };
+    let mut artefacts = Vec::new();
+    for p in &pending {
+        let rel = loop_record::unused_artefact(&journal, Some("pending"), &name, "json");
+        artefacts.push(journal.save_artefact(
+            &rel,
+            &serde_json::to_string(&PendingRecord::of(p)).expect("pending variants serialise"),
+        )?);
+    }
     journal.append(Event::KernelFinished {
         kernel: name.clone(),
         result: serde_json::to_value(&result).expect("results serialise"),
         artefacts,
     })?;
-    if let Some(p) = &pending {
+    for p in &pending {
         journal.save_pending(&run.kopt, p)?;
     }
     Ok(result)
@@ -1421,6 +1473,9 @@ pub struct Winner<'a> {
     /// The rule for a new best the winner cleared (after the run's timing noise), which
     /// the rationale states; `None` where the caller's own rule is described elsewhere.
     pub rules: Option<&'a Rules>,
+    /// The region it won, when not every shape, and how the loop found it (`None`: its
+    /// proposal claimed it).
+    pub region: Option<(&'a str, Option<&'a run::FoundRegion>)>,
 }
 
 /// An accepted variant a winner had to beat, and its time per shape in the same run.
@@ -1736,6 +1791,17 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         Some(r) => format!("{} {}", summary.trim_end(), win_rule(r)),
         None => summary,
     };
+    let summary = match w.region {
+        None => summary,
+        Some((region, found)) => format!(
+            "{} It is a winner where `{region}` holds, and only there: {}.",
+            summary.trim_end(),
+            match found {
+                Some(f) => f.describe(region),
+                None => "its proposal claimed that region, and it was verified and timed on the declared and held-out shapes inside it".to_string(),
+            }
+        ),
+    };
     let compile = kopt_engine::precompile::record(&k.spec.name, version, arch);
     let (ptx, ptx_record) = verified_ptx(version, device_name, compile.as_ref());
     let e = Evidence {
@@ -1826,7 +1892,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         kernel: k.spec.name.clone(),
         arch: arch.to_string(),
         variant: variant_id,
-        region: None,
+        region: w.region.map(|(r, _)| r.to_string()),
         reference_hash: k.hashes.reference.clone(),
         spec_hash: k.hashes.spec.clone(),
         verified_by: VerifiedBy::Kopt,

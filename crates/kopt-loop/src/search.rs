@@ -1222,6 +1222,7 @@ fn save_winner(
             defines: best_version.defines.clone(),
             options: best_version.options.clone(),
             matrix: None,
+            region: None,
         },
     };
     // The code its verification loaded (`verify` hands the worker the point's PTX).
@@ -1258,6 +1259,7 @@ fn save_winner(
         sweep: None,
         baseline: None,
         rules: None,
+        region: None,
     })?;
     let kopt = KoptDir::new(&g.target_dir);
     kopt_store::pending::save(&kopt, &pending)?;

@@ -522,6 +522,10 @@ impl Session {
             device: device.clone(),
             ceilings: ceilings.clone(),
             figures,
+            regions: state
+                .and_then(|s| s.steps.as_ref())
+                .map(|s| s.regional_lines())
+                .unwrap_or_default(),
             snapshot: snapshot.clone(),
             structure: structure.clone(),
             cases: cases.clone(),
@@ -669,6 +673,9 @@ impl Session {
         let job = evaluator.last_job.take();
         // The rules the round judged by, which the rationale states.
         let rules = steps.rules().clone();
+        // A region's winner is its pending variant for that region (the job just
+        // evaluated is its verification there).
+        let regional = steps.regional_of(&id).cloned();
         let run::Checked {
             version,
             verdict,
@@ -690,6 +697,10 @@ impl Session {
             artefacts: vec![],
         });
         let mut pending = None;
+        let (version, verdict) = match &regional {
+            Some(w) => (w.version.clone(), w.verdict.clone()),
+            None => (version, verdict),
+        };
         if improved {
             let k = self.kernel(&a.kernel)?;
             let job = job.ok_or_else(|| internal("the evaluator kept no job"))?;
@@ -725,6 +736,7 @@ impl Session {
                 sweep: None,
                 baseline: self.kernels.get(&a.kernel).and_then(|s| s.baseline.clone()),
                 rules: Some(&rules),
+                region: regional.as_ref().map(|w| (w.region.as_str(), w.found.as_ref())),
             })
             .map_err(|e| internal(e.to_string()))?;
             let kopt = KoptDir::new(&self.g.target_dir);

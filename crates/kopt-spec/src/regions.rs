@@ -135,6 +135,21 @@ pub fn separating_region(
     None
 }
 
+/// The scalar arguments of a shape label as verdicts print them (`cols=4096 rows=16`,
+/// [`crate::spec::shape_label`]), in declaration order, a float scalar as 0 (as
+/// [`KernelSpec::shape_args`] gives it); `None` when an integer scalar is missing or not
+/// an integer.
+pub fn label_args(spec: &KernelSpec, label: &str) -> Option<Vec<i64>> {
+    let values: std::collections::BTreeMap<&str, &str> =
+        label.split_whitespace().filter_map(|kv| kv.split_once('=')).collect();
+    spec.scalars()
+        .map(|s| match s.ty.is_float() {
+            true => Some(0),
+            false => values.get(s.name.as_str())?.parse().ok(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +217,14 @@ mod tests {
             found.text,
             "rows >= 8192 && rows <= 16384 && cols >= 1024 && cols <= 2048"
         );
+    }
+
+    #[test]
+    fn labels_give_the_scalars_in_declaration_order() {
+        let spec = softmax();
+        assert_eq!(label_args(&spec, "cols=1024 rows=32768"), Some(vec![32768, 1024]));
+        assert_eq!(label_args(&spec, "cols=1024"), None);
+        assert_eq!(label_args(&spec, "cols=1.5 rows=2"), None);
     }
 
     #[test]

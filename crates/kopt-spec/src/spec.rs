@@ -826,6 +826,15 @@ impl KernelSpec {
         expr::parse_str(text, Ty::Bool, &vars, &names)
     }
 
+    /// Whether a region (parsed by [`Self::parse_region`]) holds for these scalar
+    /// arguments; one that cannot be evaluated for them (a division by zero) does not.
+    pub fn region_holds(&self, region: &Expr, args: &[i64]) -> bool {
+        self.compile_expr(region, &BTreeMap::new())
+            .ok()
+            .and_then(|p| expr::eval(&p, args).ok())
+            .is_some_and(|v| v != 0)
+    }
+
     /// Canonical JSON: the input of the spec hash.
     pub fn canonical_json(&self) -> String {
         serde_json::to_string(self).expect("a spec always serialises")

@@ -100,7 +100,7 @@ fn merged(p: &PendingVariant, from: &Path) -> MergedVariant {
 
 /// Adds the pending variants of `roots` (pending areas, see [`pending_root_in`]) to
 /// `kopt`'s pending area, all or nothing: a folder that cannot be read, or two different
-/// variants for one kernel and architecture (among the roots, or against one pending here
+/// variants for one kernel, architecture and region (among the roots, or against one pending here
 /// already), stops it before anything is written. Each variant's run folder
 /// (`<root>/../runs/<run-id>/`, when the root is a `kopt/pending` folder) is copied along
 /// unless this workspace has one of that name.
@@ -120,7 +120,7 @@ pub fn merge_pending(kopt: &KoptDir, roots: &[PathBuf]) -> Result<MergeReport> {
             let key = (
                 p.meta.package.clone(),
                 p.meta.kernel.clone(),
-                p.meta.arch.clone(),
+                p.meta.slot(),
             );
             match incoming.get(&key) {
                 Some((q, _)) if *q == p => {}
@@ -135,9 +135,10 @@ pub fn merge_pending(kopt: &KoptDir, roots: &[PathBuf]) -> Result<MergeReport> {
     }
     let mut report = MergeReport::default();
     let mut to_add = Vec::new();
-    for ((package, kernel, arch), (p, root)) in incoming {
-        if kopt.pending_dir(&package, &kernel, &arch).exists() {
-            let here = pending::load(kopt, &package, &kernel, &arch)?;
+    for ((package, kernel, slot), (p, root)) in incoming {
+        let dir = kopt.pending_dir(&package, &kernel, &slot);
+        if dir.exists() {
+            let here = pending::load_dir(&dir)?;
             if here == p {
                 report.unchanged.push(merged(&p, &root));
                 continue;

@@ -1,6 +1,8 @@
 //! Pending variants: the optimisation loop's verified winners, waiting for review.
 //!
-//! One per kernel and architecture, in `<target>/kopt/pending/<package>/<kernel>/<arch>/`:
+//! One per kernel, architecture and region, in `<target>/kopt/pending/<package>/<kernel>/<slot>/`
+//! (the slot is the architecture, `sm_90`, for a winner on every shape, and
+//! `sm_90@<hash of the region>` for a winner of a region):
 //!
 //! ```text
 //! pending.json     format 1: what it is, what it was verified against, where it came from
@@ -12,7 +14,7 @@
 //!
 //! [`save`] writes the folder atomically (temporary folder, synced, renamed), so an
 //! interrupted run leaves the old pending variant, the new one, or none, never half of
-//! one. A newer pending variant for the same kernel and architecture replaces the older,
+//! one. A newer pending variant for the same kernel, architecture and region replaces the older,
 //! which is moved into the new run's folder (`runs/<run-id>/replaced/`), not deleted.
 
 use std::path::{Path, PathBuf};
@@ -106,17 +108,13 @@ pub struct PendingVariant {
 }
 
 impl PendingVariant {
-    /// The key a pending variant is stored under.
-    pub fn key(&self) -> (&str, &str, &str) {
-        (&self.meta.package, &self.meta.kernel, &self.meta.arch)
-    }
-
-    /// `llm-kernels/softmax/sm_90`.
+    /// `llm-kernels/softmax/sm_90`, or `llm-kernels/softmax/sm_90 where cols <= 1024`.
     pub fn label(&self) -> String {
-        format!(
-            "{}/{}/{}",
-            self.meta.package, self.meta.kernel, self.meta.arch
-        )
+        let m = &self.meta;
+        match &m.region {
+            None => format!("{}/{}/{}", m.package, m.kernel, m.arch),
+            Some(r) => format!("{}/{}/{} where {r}", m.package, m.kernel, m.arch),
+        }
     }
 
     /// Every reason this pending variant is not self-consistent, or not a winner.
@@ -261,7 +259,23 @@ impl PendingVariant {
 
 /// The folder of a pending variant.
 pub fn dir_of(kopt: &KoptDir, meta: &PendingMeta) -> PathBuf {
-    kopt.pending_dir(&meta.package, &meta.kernel, &meta.arch)
+    kopt.pending_dir(&meta.package, &meta.kernel, &meta.slot())
+}
+
+impl PendingMeta {
+    /// The name of its folder under the kernel's: the architecture, and for a region's
+    /// winner a hash of the region too, so that the winners of different regions (and
+    /// the winner of every shape) wait side by side.
+    pub fn slot(&self) -> String {
+        match &self.region {
+            None => self.arch.clone(),
+            Some(r) => {
+                let h = source::hash(r.as_bytes());
+                let hex = h.trim_start_matches("sha256:");
+                format!("{}@{}", self.arch, &hex[..hex.len().min(12)])
+            }
+        }
+    }
 }
 
 /// What [`save`] did.
@@ -365,7 +379,8 @@ pub fn load_dir(dir: &Path) -> Result<PendingVariant> {
     Ok(p)
 }
 
-/// The pending variant of a kernel for an architecture.
+/// The pending variant of a kernel for an architecture, winner on every shape (a
+/// region's winner is in [`list`], or [`load_dir`] of [`dir_of`] its meta).
 pub fn load(kopt: &KoptDir, package: &str, kernel: &str, arch: &str) -> Result<PendingVariant> {
     let dir = kopt.pending_dir(package, kernel, arch);
     if !dir.join(PENDING_FILE).exists() {
@@ -403,16 +418,20 @@ pub fn list_root(root: &Path) -> Listing {
             }
         }
     }
+    // Within a kernel and architecture, the winner of every shape first: accepted in
+    // this order (`accept --all`), each region's winner is then placed before it.
     out.variants.sort_by(|a, b| {
         (
             a.meta.package.as_str(),
             a.meta.kernel.as_str(),
             arch_order(&a.meta.arch),
+            &a.meta.region,
         )
             .cmp(&(
                 b.meta.package.as_str(),
                 b.meta.kernel.as_str(),
                 arch_order(&b.meta.arch),
+                &b.meta.region,
             ))
     });
     out

@@ -182,11 +182,16 @@ pub fn select_pending(
     if chosen.len() > 1 && !all {
         let names = chosen
             .iter()
-            .map(|p| format!("{} {}", p.meta.kernel, p.meta.arch))
+            .map(|p| p.label())
             .collect::<Vec<_>>()
             .join(", ");
+        let narrow = if kernel.is_some() && arch.is_some() {
+            "they are winners of different regions: pass --all (each is placed for its region), or decide one at a time with `cargo kopt review`"
+        } else {
+            "name a KERNEL and --arch, or pass --all"
+        };
         return Err(StoreCmdError::Usage(format!(
-            "{} pending variants of {what} ({names}): name a KERNEL and --arch, or pass --all",
+            "{} pending variants of {what} ({names}): {narrow}",
             chosen.len()
         )));
     }

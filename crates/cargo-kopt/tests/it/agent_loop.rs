@@ -1695,7 +1695,7 @@ fn the_loop_s_evaluator_refuses_a_module_without_the_entry_before_the_worker() {
         &candidate.source,
         "softmax_f32"
     ));
-    let verdict = run::Evaluate::evaluate(&mut gpu, &mut candidate, None);
+    let verdict = run::Evaluate::evaluate(&mut gpu, &mut candidate, None, None);
     assert!(!verdict.accepted);
     assert_eq!(verdict.fences(), vec![kopt_engine::verdict::Fence::Compile]);
     let summary = verdict.summary();
@@ -1711,7 +1711,7 @@ fn the_loop_s_evaluator_refuses_a_module_without_the_entry_before_the_worker() {
     );
     // With its entry, the same evaluator sends it on, and the worker judges it.
     candidate.source = format!("{}\n// kopt-fake: speedup 1.3\n", k.reference.text);
-    let verdict = run::Evaluate::evaluate(&mut gpu, &mut candidate, None);
+    let verdict = run::Evaluate::evaluate(&mut gpu, &mut candidate, None, None);
     assert!(verdict.accepted, "{}", verdict.summary());
     assert!(!verdict.shapes.is_empty());
 }

@@ -334,6 +334,55 @@ fn a_committed_variant_that_no_longer_compiles_fails_check() {
     );
 }
 
+#[test]
+fn verified_ptx_other_than_its_source_compiles_to_fails_check() {
+    // The launcher loads kernel.ptx without NVRTC; `check` compiles kernel.cu again with
+    // the same NVRTC and requires the same PTX (comment lines aside).
+    if !kopt::gpu::nvrtc_for_test() {
+        return;
+    }
+    let ws = ExampleWorkspace::new();
+    let (kernel, variant) = ("row_sum", "heuristic-row_sum-r1c1-m11");
+    let (code, v) = check_json(&ws, &[]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(compiled(&v, kernel, variant)["ptx"], "matches", "{v}");
+    let path = format!("kopt/{kernel}/{variant}/kernel.ptx");
+    let old = ws.read(&path);
+    // A comment is not code: NVRTC writes its build into them.
+    let commented = format!("// reviewed\n{old}");
+    // The lock's record and the rationale's claim follow each edit, as though it had
+    // been accepted so.
+    let lock = format!("kopt/{kernel}/kopt.lock");
+    let claim = format!("kopt/{kernel}/{variant}/rationale.json");
+    let rehash = |from: &str, to: &str| {
+        for file in [&lock, &claim] {
+            let text = ws.read(file).replace(
+                &kopt_spec::source::hash(from.as_bytes()),
+                &kopt_spec::source::hash(to.as_bytes()),
+            );
+            ws.write(file, &text);
+        }
+    };
+    ws.write(&path, &commented);
+    rehash(&old, &commented);
+    let (code, v) = check_json(&ws, &[]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(compiled(&v, kernel, variant)["ptx"], "matches", "{v}");
+    // Another instruction, with the lock's hash following it: only the compare objects.
+    let edited = commented.replacen("ret;", "trap;\n\tret;", 1);
+    assert_ne!(edited, commented, "the PTX has a `ret;`");
+    ws.write(&path, &edited);
+    rehash(&commented, &edited);
+    let o = kopt(&ws, &["check"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(&format!("the verified PTX of `{variant}` is not what NVRTC")),
+        "{out}"
+    );
+    assert!(!out.contains("is corrupt"), "the hashes match\n{out}");
+}
+
 /// Rewrites `file` of the committed variant `kernel/variant` as though it had been accepted
 /// so: the hashes of the lock and of the rationale's claim follow, so that only the
 /// compile fence can object.
@@ -481,6 +530,11 @@ fn check_compiles_the_example_crates_kernels_with_nvrtc() {
                 r["resources"]["registers"].as_u64().is_some_and(|n| n > 0),
                 "no ptxas figures for {r}"
             );
+        }
+        // Every verified PTX committed is what this NVRTC makes of its source (the PTX
+        // the H200 verified was compiled by the same NVRTC, 13.0).
+        for r in mine.iter().filter(|r| !r["ptx"].is_null()) {
+            assert_eq!(r["ptx"], "matches", "{r}");
         }
     }
     assert_eq!(rows.len(), expected, "{c}");

@@ -186,7 +186,7 @@ fn several_pending_variants_need_all_or_a_choice() {
     e.seed("vec4-hopper", "run-1", "sm_90", "// 90\n");
     e.seed("vec4-ampere", "run-1", "sm_80", "// 80\n");
     let err = e.kopt_err(&["accept", "softmax"]);
-    assert!(err.contains("2 pending variants of `softmax` (softmax sm_80, softmax sm_90): name a KERNEL and --arch, or pass --all"), "{err}");
+    assert!(err.contains("2 pending variants of `softmax` (llm-kernels/softmax/sm_80 where cols % 4 == 0, llm-kernels/softmax/sm_90 where cols % 4 == 0): name a KERNEL and --arch, or pass --all"), "{err}");
     assert!(e
         .kopt_err(&["accept", "--arch", "ampere"])
         .contains("not an architecture name"));

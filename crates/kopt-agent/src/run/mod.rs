@@ -50,11 +50,16 @@ pub use round::{Agents, Checked, LoopState, Round, Unreviewed};
 /// (the current best's time per shape; `None`: the reference measured in the same job).
 /// The evaluator may attach to `candidate` the code it compiled and verified
 /// ([`KernelVersion::ptx`]), which then stays with it: a winner keeps the PTX that ran.
+///
+/// `region`: the candidate is for the shapes where this condition over the scalar
+/// arguments holds (a proposal's `region`, or one the loop found), verified and timed on
+/// the declared and held-out shapes inside it only.
 pub trait Evaluate {
     fn evaluate(
         &mut self,
         candidate: &mut KernelVersion,
         best_us: Option<&BTreeMap<String, f64>>,
+        region: Option<&str>,
     ) -> Verdict;
 
     /// Whether the last verdict was answered from this run's own record (a resumed run)
@@ -401,6 +406,47 @@ pub struct SweptPoint {
     pub verdict: Verdict,
 }
 
+/// A candidate verified on the shapes of a region and faster there than the best (which
+/// keeps the other shapes): its region claimed by the proposal, or found by the loop.
+#[derive(Debug, Clone)]
+pub struct RegionalWinner {
+    /// The condition over the scalar arguments, in the annotation's language.
+    pub region: String,
+    /// How the loop found the region, when the proposal did not claim it.
+    pub found: Option<FoundRegion>,
+    pub version: KernelVersion,
+    pub resolved: Resolved,
+    /// The verdict on the region's shapes.
+    pub verdict: Verdict,
+    /// Its gain over the best on those shapes (the rule's figure).
+    pub speedup: f64,
+}
+
+/// A region the loop proposed for a candidate that is faster than the best on some
+/// declared shapes and slower on others: the tightest condition that holds on the shapes
+/// it won and on none it lost ([`kopt_spec::regions::separating_region`]), verified again
+/// on the region's declared and held-out shapes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FoundRegion {
+    /// The declared shapes it won and lost on the first verification.
+    pub won: Vec<String>,
+    pub lost: Vec<String>,
+    /// How many of that verification's held-out shapes the region holds on.
+    pub held_out_inside: usize,
+}
+
+impl FoundRegion {
+    /// One sentence for a rationale and the agent.
+    pub fn describe(&self, region: &str) -> String {
+        format!(
+            "kopt proposed `{region}`, the tightest condition over the scalar arguments (one bound at the winning shapes' extreme, else an interval, else two) that holds on every declared shape the candidate won ({}) and on none it lost ({}), ties broken by the fewest held-out shapes inside ({} here), and verified the candidate again on the region's declared and held-out shapes",
+            self.won.join("; "),
+            self.lost.join("; "),
+            self.held_out_inside
+        )
+    }
+}
+
 /// The end of a task.
 #[derive(Debug, Clone)]
 pub struct LoopOutcome {
@@ -412,6 +458,8 @@ pub struct LoopOutcome {
     /// The matrix sweep the best came out of, when its candidate had a matrix (the best
     /// is then the sweep's `chosen` point, perhaps the candidate's own defines).
     pub best_sweep: Option<MatrixSweep>,
+    /// Winners for part of the shapes, one per region: the best keeps the others.
+    pub regional: Vec<RegionalWinner>,
     pub spend: Spend,
     /// Every request and reply, in order (the transcript; the recorder keeps it on disk).
     pub transcript: Vec<(ChatRequest, Result<String, String>)>,
@@ -470,6 +518,14 @@ pub enum Event {
     },
     Improved {
         id: String,
+        speedup: f64,
+    },
+    /// A candidate became the winner of a region (claimed by its proposal, or `found` by
+    /// the loop); the best is unchanged.
+    RegionalWinner {
+        id: String,
+        region: String,
+        found: bool,
         speedup: f64,
     },
     Reflection,

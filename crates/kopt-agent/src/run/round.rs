@@ -14,8 +14,8 @@ use kopt_engine::verdict::{Fence, Verdict};
 
 use super::{
     candidate_version, describe_defines, feedback, improvement, Budget, Evaluate, Event,
-    LoopOutcome, MatrixPoint, MatrixSweep, Rules, RunBudget, RunCharge, Start, Stop, SweptPoint,
-    Task, Tried,
+    FoundRegion, LoopOutcome, MatrixPoint, MatrixSweep, RegionalWinner, Rules, RunBudget,
+    RunCharge, Start, Stop, SweptPoint, Task, Tried,
 };
 use crate::backend::Spend;
 use crate::chat::ChatRequest;
@@ -147,6 +147,8 @@ pub struct LoopState<'r> {
     tried: Vec<Tried>,
     found: Option<(KernelVersion, Resolved, Verdict)>,
     found_sweep: Option<MatrixSweep>,
+    /// The winner of each region, in the order the regions first won.
+    regional: Vec<RegionalWinner>,
 }
 
 impl<'r> LoopState<'r> {
@@ -194,6 +196,7 @@ impl<'r> LoopState<'r> {
             tried: Vec::new(),
             found: None,
             found_sweep: None,
+            regional: Vec::new(),
         }
     }
 
@@ -305,6 +308,7 @@ impl<'r> LoopState<'r> {
             device: task.device.clone(),
             ceilings: task.ceilings.clone(),
             figures: self.best.figures.clone(),
+            regions: self.regional_lines(),
             snapshot: task.snapshot.clone(),
             structure: task.structure.clone(),
             cases: task.cases.clone(),
@@ -442,8 +446,10 @@ impl<'r> LoopState<'r> {
             Ok(r) => r,
             Err(stop) => return Some(stop),
         };
+        let claimed = r.proposal.region.clone();
         let mut version = candidate_version(&self.best.version, &id, &r);
-        let verdict = evaluator.evaluate(&mut version, self.best.us.as_ref());
+        let best_us = self.best_us_in(claimed.as_deref());
+        let verdict = evaluator.evaluate(&mut version, best_us.as_ref(), claimed.as_deref());
         on(Event::Verdict {
             id: id.clone(),
             accepted: verdict.accepted,
@@ -498,7 +504,8 @@ impl<'r> LoopState<'r> {
         } else {
             self.failed_in_a_row = 0;
         }
-        if let Some(gain) = improvement(&verdict, &self.rules) {
+        let gain = improvement(&verdict, &self.rules);
+        if let (Some(gain), None) = (gain, &claimed) {
             on(Event::Improved {
                 id: id.clone(),
                 speedup: gain,
@@ -509,7 +516,49 @@ impl<'r> LoopState<'r> {
             self.found = Some((version.clone(), r.clone(), verdict.clone()));
             self.found_sweep = None;
         }
+        let regional = match (gain, &claimed) {
+            (Some(speedup), Some(region)) => Some(RegionalWinner {
+                region: region.clone(),
+                found: None,
+                version: version.clone(),
+                resolved: r.clone(),
+                verdict: verdict.clone(),
+                speedup,
+            }),
+            (None, None) => {
+                let spent = agents.spent();
+                self.find_region(round.number, &id, (&version, &r, &verdict), spent, evaluator, on)
+            }
+            _ => None,
+        };
+        if let Some(w) = regional {
+            if let Some(fb) = self.history.last_mut() {
+                fb.details.push(format!(
+                    "kept as the winner for the shapes where `{}` holds ({:.2}x over the best there); the best keeps the others",
+                    w.region, w.speedup
+                ));
+                if let Some(f) = &w.found {
+                    fb.details.push(f.describe(&w.region));
+                }
+            }
+            on(Event::RegionalWinner {
+                id: id.clone(),
+                region: w.region.clone(),
+                found: w.found.is_some(),
+                speedup: w.speedup,
+            });
+            round.improved = true;
+            checked.improved = true;
+            self.keep_regional(w);
+        }
         round.checked.push(checked);
+        // A candidate for a region is not searched around: a matrix's points are judged
+        // on every shape.
+        if claimed.is_some() {
+            self.tried
+                .push(Tried::of(round.number, &id, r.clone(), verdict.clone()));
+            return None;
+        }
         let matrix = r.proposal.matrix.clone().filter(|m| !m.is_empty());
         let base_won = self.found.as_ref().is_some_and(|b| b.0.id == id);
         self.tried
@@ -753,22 +802,169 @@ impl<'r> LoopState<'r> {
         end
     }
 
+    /// The region winner that candidate `id` became (itself, or verified again on the
+    /// region the loop found for it), if it became one.
+    pub fn regional_of(&self, id: &str) -> Option<&RegionalWinner> {
+        let again = format!("{id}-region");
+        self.regional
+            .iter()
+            .find(|w| w.version.id == id || w.version.id == again)
+    }
+
+    /// The winners of regions as the agent's context lists them.
+    pub fn regional_lines(&self) -> Vec<String> {
+        self.regional.iter().map(regional_line).collect()
+    }
+
+    /// The times a candidate for `region` is compared with: that region's winner's where
+    /// one exists, else the best's.
+    fn best_us_in(&self, region: Option<&str>) -> Option<BTreeMap<String, f64>> {
+        region
+            .and_then(|r| self.regional.iter().find(|w| w.region == r))
+            .map(|w| w.verdict.candidate_times())
+            .or_else(|| self.best.us.clone())
+    }
+
+    /// Keeps `w` as its region's winner, replacing an earlier one of the same region.
+    fn keep_regional(&mut self, w: RegionalWinner) {
+        match self.regional.iter_mut().find(|x| x.region == w.region) {
+            Some(x) => *x = w,
+            None => self.regional.push(w),
+        }
+    }
+
+    /// A region for a candidate that is right but slower than the best on some declared
+    /// shapes and faster on others: the tightest condition separating the shapes it won
+    /// from those it lost, and the candidate verified again on that region's shapes (a
+    /// candidate of its own, `<id>-region`). `None` when no condition separates them or the
+    /// second verification does not make it a winner there.
+    fn find_region(
+        &mut self,
+        round: u32,
+        id: &str,
+        (version, r, verdict): (&KernelVersion, &Resolved, &Verdict),
+        spent: (u64, f64),
+        evaluator: &mut dyn Evaluate,
+        on: &mut dyn FnMut(Event),
+    ) -> Option<RegionalWinner> {
+        if verdict.accepted || !verdict.correct() || verdict.wins.is_empty() {
+            return None;
+        }
+        let lost: Vec<String> = verdict
+            .failures
+            .iter()
+            .filter_map(|f| f.shape.clone())
+            .collect();
+        let args = |labels: &[String]| -> Vec<Vec<i64>> {
+            labels
+                .iter()
+                .filter_map(|l| kopt_spec::regions::label_args(&self.spec, l))
+                .collect()
+        };
+        let held_out: Vec<String> = verdict
+            .shapes
+            .iter()
+            .filter(|s| s.held_out)
+            .map(|s| s.shape.clone())
+            .collect();
+        let (wins, losses, others) = (args(&verdict.wins), args(&lost), args(&held_out));
+        let region = kopt_spec::regions::separating_region(&self.spec, &wins, &losses, &others)?;
+        if self.over_budget(spent, false).is_some() {
+            return None;
+        }
+        let again = format!("{id}-region");
+        self.candidates += 1;
+        on(Event::Candidate { id: again.clone() });
+        let mut v = version.clone();
+        v.id = again.clone();
+        let best_us = self.best_us_in(Some(&region.text));
+        let second = evaluator.evaluate(&mut v, best_us.as_ref(), Some(&region.text));
+        on(Event::Verdict {
+            id: again.clone(),
+            accepted: second.accepted,
+            summary: second.summary(),
+            round,
+            diagnosis: format!("{id} on the region kopt found for it, `{}`", region.text),
+            point: None,
+            version: Box::new(v.clone()),
+            verdict: Box::new(second.clone()),
+            best_us: best_us.clone(),
+            from_record: evaluator.last_from_record(),
+        });
+        let mut resolved = r.clone();
+        resolved.proposal.region = Some(region.text.clone());
+        self.tried
+            .push(Tried::of(round, &again, resolved.clone(), second.clone()));
+        let speedup = improvement(&second, &self.rules)?;
+        Some(RegionalWinner {
+            region: region.text,
+            found: Some(FoundRegion {
+                won: verdict.wins.clone(),
+                lost,
+                held_out_inside: region.others_inside,
+            }),
+            version: v,
+            resolved,
+            verdict: second,
+            speedup,
+        })
+    }
+
     /// Ends the loop with `stop`, charging the run what the agents spent since the last
     /// check: what it tried and found (the agents' spending and transcript are the
     /// caller's to fill in).
     pub fn finish(mut self, stop: Stop, agents: &dyn Agents) -> LoopOutcome {
         let (tokens, dollars) = agents.spent();
         self.run.check(self.candidates, tokens, dollars);
+        // A region's winner was judged against the best of its time: one that the final
+        // best matches on its region's shapes has nothing left to win there.
+        if let Some(best) = &self.best.us {
+            let rules = &self.rules;
+            self.regional.retain(|w| beats_on_its_shapes(w, best, rules));
+        }
         LoopOutcome {
             stop,
             rounds: self.rounds,
             tried: self.tried,
             best: self.found,
             best_sweep: self.found_sweep,
+            regional: self.regional,
             spend: Spend::default(),
             transcript: Vec::new(),
         }
     }
+}
+
+/// Whether `w` is faster than the times `best` on the declared shapes both were timed on,
+/// by the rule of a new best.
+fn beats_on_its_shapes(w: &RegionalWinner, best: &BTreeMap<String, f64>, rules: &Rules) -> bool {
+    let speedups: Vec<f64> = w
+        .verdict
+        .shapes
+        .iter()
+        .filter(|s| !s.held_out)
+        .filter_map(|s| Some(best.get(&s.shape)? / s.candidate_us?))
+        .collect();
+    if speedups.is_empty() {
+        return true;
+    }
+    let mean = (speedups.iter().map(|s| s.ln()).sum::<f64>() / speedups.len() as f64).exp();
+    speedups.iter().any(|s| *s > 1.0 + rules.min_gain) || mean > 1.0 + rules.min_uniform_gain
+}
+
+/// A regional winner as the agent's context lists it.
+fn regional_line(w: &RegionalWinner) -> String {
+    format!(
+        "`{}`: {} ({:.2}x over the best on those shapes; region {})",
+        w.region,
+        w.version.id,
+        w.speedup,
+        if w.found.is_some() {
+            "found by kopt"
+        } else {
+            "claimed by its proposal"
+        }
+    )
 }
 
 /// The candidate whose matrix is searched.
@@ -1034,7 +1230,7 @@ impl SearchEvaluator for PointEvaluator<'_, '_, '_> {
         }
         let verdict = judge
             .evaluator
-            .evaluate(&mut version, judge.best.us.as_ref());
+            .evaluate(&mut version, judge.best.us.as_ref(), None);
         judge.settle(id, version, verdict)
     }
 }
