@@ -244,7 +244,11 @@ fn resolve(p: Proposal, spec: &KernelSpec, current_best: &str) -> Result<Resolve
     if let Some(r) = &p.region {
         match spec.parse_region(r) {
             Err(e) => errors.push(format!("`region` {e}")),
-            Ok(e) if !spec.shapes.iter().any(|s| spec.region_holds(&e, &spec.shape_args(s))) =>
+            Ok(e)
+                if !spec
+                    .shapes
+                    .iter()
+                    .any(|s| spec.region_holds(&e, &spec.shape_args(s))) =>
             {
                 errors.push(format!(
                     "`region` `{r}` holds on no declared shape ({}): a region must hold on at least one, where the candidate is timed",

@@ -807,13 +807,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
     let record = run.record.as_ref().and_then(|r| r.kernels.get(&name));
     if let Some(rec) = record {
         if let Some((result, pending)) = &rec.finished {
-            return finished_before(
-                run,
-                &name,
-                (result, pending),
-                rec.pending_saved,
-                progress,
-            );
+            return finished_before(run, &name, (result, pending), rec.pending_saved, progress);
         }
     }
     let device = engine.device()?;
@@ -1226,7 +1220,10 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
                 run::Event::Malformed { id, .. } => format!("{id}: no usable proposal"),
                 run::Event::Improved { id, speedup } => format!("{id} improves: {speedup:.2}x"),
                 run::Event::RegionalWinner {
-                    id, region, speedup, ..
+                    id,
+                    region,
+                    speedup,
+                    ..
                 } => format!("{id} wins where `{region}`: {speedup:.2}x"),
                 run::Event::Reflection => "reflection turn".into(),
                 run::Event::Review { id, objections } => {
@@ -1378,7 +1375,14 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
     let mut regional = Vec::new();
     for w in &outcome.regional {
         let region = k.spec.parse_region(&w.region).ok();
-        let job = eval::job(g, k, w.version.clone(), region.as_ref(), &opts.settings, true);
+        let job = eval::job(
+            g,
+            k,
+            w.version.clone(),
+            region.as_ref(),
+            &opts.settings,
+            true,
+        );
         match pending_variant(&Winner {
             k,
             arch: &device.arch,

@@ -736,7 +736,9 @@ impl Session {
                 sweep: None,
                 baseline: self.kernels.get(&a.kernel).and_then(|s| s.baseline.clone()),
                 rules: Some(&rules),
-                region: regional.as_ref().map(|w| (w.region.as_str(), w.found.as_ref())),
+                region: regional
+                    .as_ref()
+                    .map(|w| (w.region.as_str(), w.found.as_ref())),
             })
             .map_err(|e| internal(e.to_string()))?;
             let kopt = KoptDir::new(&self.g.target_dir);

@@ -140,8 +140,10 @@ pub fn separating_region(
 /// [`KernelSpec::shape_args`] gives it); `None` when an integer scalar is missing or not
 /// an integer.
 pub fn label_args(spec: &KernelSpec, label: &str) -> Option<Vec<i64>> {
-    let values: std::collections::BTreeMap<&str, &str> =
-        label.split_whitespace().filter_map(|kv| kv.split_once('=')).collect();
+    let values: std::collections::BTreeMap<&str, &str> = label
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
     spec.scalars()
         .map(|s| match s.ty.is_float() {
             true => Some(0),
@@ -222,7 +224,10 @@ mod tests {
     #[test]
     fn labels_give_the_scalars_in_declaration_order() {
         let spec = softmax();
-        assert_eq!(label_args(&spec, "cols=1024 rows=32768"), Some(vec![32768, 1024]));
+        assert_eq!(
+            label_args(&spec, "cols=1024 rows=32768"),
+            Some(vec![32768, 1024])
+        );
         assert_eq!(label_args(&spec, "cols=1024"), None);
         assert_eq!(label_args(&spec, "cols=1.5 rows=2"), None);
     }

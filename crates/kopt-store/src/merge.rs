@@ -117,11 +117,7 @@ pub fn merge_pending(kopt: &KoptDir, roots: &[PathBuf]) -> Result<MergeReport> {
             )));
         }
         for p in listing.variants {
-            let key = (
-                p.meta.package.clone(),
-                p.meta.kernel.clone(),
-                p.meta.slot(),
-            );
+            let key = (p.meta.package.clone(), p.meta.kernel.clone(), p.meta.slot());
             match incoming.get(&key) {
                 Some((q, _)) if *q == p => {}
                 Some((q, other)) => {

@@ -379,16 +379,32 @@ pub fn load_dir(dir: &Path) -> Result<PendingVariant> {
     Ok(p)
 }
 
-/// The pending variant of a kernel for an architecture, winner on every shape (a
-/// region's winner is in [`list`], or [`load_dir`] of [`dir_of`] its meta).
+/// The pending variant of a kernel for an architecture, when it has one (winners of
+/// several regions: [`list`] them, or [`load_dir`] the [`dir_of`] one).
 pub fn load(kopt: &KoptDir, package: &str, kernel: &str, arch: &str) -> Result<PendingVariant> {
-    let dir = kopt.pending_dir(package, kernel, arch);
-    if !dir.join(PENDING_FILE).exists() {
-        return Err(Error::NotFound(format!(
+    load_dir(&the_one_dir(kopt, package, kernel, arch)?)
+}
+
+/// The one pending folder of a kernel for an architecture.
+fn the_one_dir(kopt: &KoptDir, package: &str, kernel: &str, arch: &str) -> Result<PathBuf> {
+    let slots: Vec<PathBuf> = sorted_subdirs(&kopt.pending_root().join(package).join(kernel))
+        .into_iter()
+        .filter(|d| {
+            d.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n == arch || n.starts_with(&format!("{arch}@")))
+        })
+        .collect();
+    match slots.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(Error::NotFound(format!(
             "no pending variant of `{kernel}` ({package}) for {arch}; `cargo kopt pending` lists them"
-        )));
+        ))),
+        several => Err(Error::Invalid(format!(
+            "{} pending variants of `{kernel}` ({package}) for {arch}, winners of different regions; `cargo kopt pending` lists them",
+            several.len()
+        ))),
     }
-    load_dir(&dir)
 }
 
 /// Every pending variant, sorted by package, kernel and architecture, and the folders
@@ -457,13 +473,7 @@ fn sorted_subdirs(dir: &Path) -> Vec<PathBuf> {
 
 /// Deletes a pending variant (atomically: no reader sees half of it).
 pub fn remove(kopt: &KoptDir, package: &str, kernel: &str, arch: &str) -> Result<()> {
-    let dir = kopt.pending_dir(package, kernel, arch);
-    if !dir.exists() {
-        return Err(Error::NotFound(format!(
-            "no pending variant of `{kernel}` ({package}) for {arch}"
-        )));
-    }
-    fsx::remove_dir_atomic(&dir)
+    fsx::remove_dir_atomic(&the_one_dir(kopt, package, kernel, arch)?)
 }
 
 /// Moves a pending variant into its run's folder under `subfolder` (`rejected`, ...),

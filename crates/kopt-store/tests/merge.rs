@@ -142,7 +142,8 @@ fn a_damaged_pending_folder_stops_the_merge_naming_it() {
     let scratch = tempfile::tempdir().unwrap();
     let (a_dir, a) = machine(scratch.path(), "part-1");
     produce(&a, &f.pending("vec4-a", "run-1", ""));
-    let dir = a.pending_dir("fixture-kernels", "softmax", "sm_90");
+    let p = f.pending("vec4-a", "run-1", "");
+    let dir = pending::dir_of(&a, &p.meta);
     std::fs::write(dir.join("variant.toml"), "not toml [").unwrap();
     let msg = merge::merge_pending(&f.kopt, &roots(&[&a_dir]))
         .unwrap_err()

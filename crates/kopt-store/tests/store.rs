@@ -34,9 +34,16 @@ fn pending_round_trip_and_replacement_keeps_the_older() {
     let first = f.pending("vec4-a", "run-1", "");
     let saved = pending::save(&f.kopt, &first).unwrap();
     assert_eq!(saved.replaced, None);
+    // Its region is in the folder's name, beside the architecture.
     assert_eq!(
         saved.dir,
-        f.kopt.pending_dir("fixture-kernels", "softmax", "sm_90")
+        f.kopt
+            .pending_dir("fixture-kernels", "softmax", &first.meta.slot())
+    );
+    assert!(
+        first.meta.slot().starts_with("sm_90@"),
+        "{}",
+        first.meta.slot()
     );
     let mut names: Vec<String> = std::fs::read_dir(&saved.dir)
         .unwrap()

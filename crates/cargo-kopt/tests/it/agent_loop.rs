@@ -1715,3 +1715,88 @@ fn the_loop_s_evaluator_refuses_a_module_without_the_entry_before_the_worker() {
     assert!(verdict.accepted, "{}", verdict.summary());
     assert!(!verdict.shapes.is_empty());
 }
+
+#[test]
+fn a_candidate_slower_on_one_shape_becomes_the_pending_winner_of_the_region_it_wins() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    // 30% faster than the reference, but three times slower on the long rows of 16x65536.
+    let source = s.source("// kopt-fake: speedup 1.3\n// kopt-fake: slower-on rows=16 3");
+    let agent = scripted_agent(&ws, &proposal(&source));
+    let o = kopt_on_fake(
+        &ws,
+        &[
+            "optimize",
+            "softmax",
+            "--no-ncu",
+            "--agent",
+            &agent,
+            "--budget",
+            "rounds=1",
+            "--run",
+            "regions",
+            "--message-format",
+            "json",
+        ],
+    );
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let k = &v["kernels"][0];
+    assert_eq!(
+        k["pending"],
+        serde_json::Value::Null,
+        "no winner on every shape: {v}"
+    );
+    let label = k["regional_pending"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    let region = label
+        .strip_prefix("llm-kernels/softmax/sm_90 where ")
+        .unwrap_or_else(|| panic!("{label}"));
+    // The condition holds on the three shapes it won, not on rows=16 cols=65536.
+    let spec = &s.kernel().spec;
+    let expr = spec.parse_region(region).unwrap();
+    for shape in &spec.shapes {
+        let args = spec.shape_args(shape);
+        assert_eq!(
+            spec.region_holds(&expr, &args),
+            args[0] != 16,
+            "{region} on {args:?}"
+        );
+    }
+    let listed = kopt_on_fake(&ws, &["pending", "--message-format", "json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let text = listed.to_string();
+    assert!(text.contains(region), "{text}");
+    let pending_dir = std::fs::read_dir(ws.root.join("target/kopt/pending/llm-kernels/softmax"))
+        .unwrap()
+        .flatten()
+        .map(|d| d.path())
+        .find(|p| p.join("pending.json").is_file())
+        .unwrap();
+    assert!(
+        pending_dir
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("sm_90@"),
+        "{pending_dir:?}"
+    );
+    let r = kopt_spec::files::Rationale::parse(
+        &std::fs::read_to_string(pending_dir.join("rationale.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        r.summary.contains(&format!(
+            "It is a winner where `{region}` holds, and only there"
+        )) && r.summary.contains("kopt proposed"),
+        "{}",
+        r.summary
+    );
+    let journal =
+        std::fs::read_to_string(ws.root.join("target/kopt/runs/regions/journal.jsonl")).unwrap();
+    assert!(
+        journal.contains("-region"),
+        "the second verification is journaled"
+    );
+}

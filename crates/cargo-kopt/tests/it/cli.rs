@@ -377,7 +377,9 @@ fn verified_ptx_other_than_its_source_compiles_to_fails_check() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let out = stdout(&o);
     assert!(
-        out.contains(&format!("the verified PTX of `{variant}` is not what NVRTC")),
+        out.contains(&format!(
+            "the verified PTX of `{variant}` is not what NVRTC"
+        )),
         "{out}"
     );
     assert!(!out.contains("is corrupt"), "the hashes match\n{out}");

@@ -527,7 +527,14 @@ impl<'r> LoopState<'r> {
             }),
             (None, None) => {
                 let spent = agents.spent();
-                self.find_region(round.number, &id, (&version, &r, &verdict), spent, evaluator, on)
+                self.find_region(
+                    round.number,
+                    &id,
+                    (&version, &r, &verdict),
+                    spent,
+                    evaluator,
+                    on,
+                )
             }
             _ => None,
         };
@@ -920,7 +927,8 @@ impl<'r> LoopState<'r> {
         // best matches on its region's shapes has nothing left to win there.
         if let Some(best) = &self.best.us {
             let rules = &self.rules;
-            self.regional.retain(|w| beats_on_its_shapes(w, best, rules));
+            self.regional
+                .retain(|w| beats_on_its_shapes(w, best, rules));
         }
         LoopOutcome {
             stop,
