@@ -8,7 +8,7 @@
 # built from the commit before verified PTX (`.gpu/old/llm-kernels`, with the same
 # `first-launch` subcommand), and cargo (.gpu/cargo.xz, for `cargo kopt`).
 #
-# Steps (STEPS, default: old keep first tests), each under a timeout, the next after a failure:
+# Steps (STEPS, default: old keep first tests; the logs and kopt/ files come back in $OUT/ptx.tgz), each under a timeout, the next after a failure:
 #   old    first-launch of the old binary: every version compiled by NVRTC at first launch
 #   keep   `cargo kopt verify --keep-ptx KERNEL`, each kernel of the example (KEEP_KERNELS,
 #          KEEP_SECS each, default 120): each variant verified with the PTX
@@ -16,7 +16,8 @@
 #          in $OUT/ptx/kopt/)
 #   first  first-launch of the staged binary, as built (PTX embedded or not), then with
 #          KOPT_IGNORE_PTX=1
-#   verify `cargo kopt verify` on the example (the kept PTX loaded)
+#   verify `cargo kopt verify KERNEL`, each kernel of the example (the kept PTX loaded;
+#          VERIFY_SECS each, default 120, and 300 for the GEMM, whose sanitizer pass is long)
 #   tests  scripts/gpu-tests.sh over the staged test binaries
 # Each first-launch runs twice per binary: with the driver's JIT cache off
 # (CUDA_CACHE_DISABLE=1, a cold start) and on (a fresh cache folder: the first run fills it,
@@ -59,10 +60,16 @@ if has first; then
     step new-ignore-ptx-cold 60 env CUDA_CACHE_DISABLE=1 KOPT_IGNORE_PTX=1 "$ROOT/$S/bin/llm-kernels" first-launch
 fi
 if has verify; then
-    step verify 420 cargo kopt verify
+    for k in ${KEEP_KERNELS:-$(ls kopt)}; do
+        secs=${VERIFY_SECS:-120}
+        [ "$k" = gemm ] && secs=300
+        step "verify-$k" "$secs" cargo kopt verify "$k"
+    done
 fi
 cd "$ROOT"
 if has tests; then
     STEP_TAIL=15 step tests 560 bash scripts/gpu-tests.sh --staged "$S"
 fi
 cp "$W/summary.txt" "$OUT/summary.txt"
+# One archive: the device returns a limited number of files.
+tar -C "$OUT" -czf "$OUT/ptx.tgz" ptx && rm -rf "$W"
