@@ -180,7 +180,10 @@ fn a_candidate_that_wins_on_some_shapes_wins_the_region_kopt_finds_for_it() {
     );
     assert_eq!(
         s.regional_lines(),
-        ["`n <= 4096`: c1-region (2.00x over the best on those shapes; region found by kopt)"]
+        [
+            "`n <= 4096`: c1-region (2.00x over the best on those shapes; region found by kopt)",
+            "region map: n=1024: c1-region; n=4096: c1-region; n=65536: reference"
+        ]
     );
     let told = &s.history()[0].details;
     assert!(

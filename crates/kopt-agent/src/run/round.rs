@@ -818,9 +818,34 @@ impl<'r> LoopState<'r> {
             .find(|w| w.version.id == id || w.version.id == again)
     }
 
-    /// The winners of regions as the agent's context lists them.
+    /// The winners of regions as the agent's context lists them, then the region map:
+    /// which version runs each declared shape (the first region's winner whose region
+    /// holds, else the best).
     pub fn regional_lines(&self) -> Vec<String> {
-        self.regional.iter().map(regional_line).collect()
+        if self.regional.is_empty() {
+            return Vec::new();
+        }
+        let mut lines: Vec<String> = self.regional.iter().map(regional_line).collect();
+        let map: Vec<String> = self
+            .spec
+            .shapes
+            .iter()
+            .map(|s| {
+                let args = self.spec.shape_args(s);
+                let runs = self
+                    .regional
+                    .iter()
+                    .find(|w| {
+                        self.spec
+                            .parse_region(&w.region)
+                            .is_ok_and(|r| self.spec.region_holds(&r, &args))
+                    })
+                    .map_or(self.best.label.as_str(), |w| w.version.id.as_str());
+                format!("{}: {runs}", kopt_spec::spec::shape_label(s))
+            })
+            .collect();
+        lines.push(format!("region map: {}", map.join("; ")));
+        lines
     }
 
     /// The times a candidate for `region` is compared with: that region's winner's where
