@@ -1793,10 +1793,46 @@ fn a_candidate_slower_on_one_shape_becomes_the_pending_winner_of_the_region_it_w
         "{}",
         r.summary
     );
-    let journal =
-        std::fs::read_to_string(ws.root.join("target/kopt/runs/regions/journal.jsonl")).unwrap();
+    let journal_path = ws.root.join("target/kopt/runs/regions/journal.jsonl");
+    let journal = std::fs::read_to_string(&journal_path).unwrap();
     assert!(
         journal.contains("-region"),
         "the second verification is journaled"
     );
+
+    // Killed after the kernel's end was journaled, before its winners were saved: the
+    // resumed run saves the region's winner from the journal's record, running nothing.
+    std::fs::remove_dir_all(ws.root.join("target/kopt/pending")).unwrap();
+    let kept: Vec<&str> = journal
+        .lines()
+        .filter(|l| !l.contains("\"event\":\"pending_saved\""))
+        .collect();
+    assert!(kept.len() < journal.lines().count(), "{journal}");
+    std::fs::write(&journal_path, format!("{}\n", kept.join("\n"))).unwrap();
+    let o = kopt_on_fake(
+        &ws,
+        &[
+            "optimize",
+            "softmax",
+            "--no-ncu",
+            "--agent",
+            &agent,
+            "--budget",
+            "rounds=1",
+            "--resume",
+            "regions",
+            "--message-format",
+            "json",
+        ],
+    );
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["kernels"][0]["resumed"]["finished_before"], true, "{v}");
+    assert_eq!(v["kernels"][0]["regional_pending"][0], label, "{v}");
+    let again = std::fs::read_dir(ws.root.join("target/kopt/pending/llm-kernels/softmax"))
+        .unwrap()
+        .flatten()
+        .filter(|d| d.path().join("pending.json").is_file())
+        .count();
+    assert_eq!(again, 1, "the region's winner is pending again");
 }
