@@ -1332,7 +1332,6 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             .save_artefact(&format!("{name}-escalation.md"), &note)
             .ok();
     }
-    let mut pending = None;
     let budget = files::BudgetUsed {
         rounds: Some(outcome.rounds),
         candidates: Some(outcome.tried.len() as u32),
@@ -1340,39 +1339,13 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
         tokens: Some(outcome.spend.usage.input_tokens + outcome.spend.usage.output_tokens),
         cost_usd: Some(outcome.spend.dollars),
     };
+    // The winner on every shape (with the last job: every candidate's has its shapes and
+    // seeds), then each region's, with the job it was verified in (a job is a function of
+    // the candidate, the region and the run's salt).
+    let mut winners = Vec::new();
     if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
-        match pending_variant(&Winner {
-            k,
-            arch: &device.arch,
-            device_name: &device.name,
-            driver_api: device.driver_api,
-            copy_gbs: ceilings.as_ref().map(|c| c.copy_gbs),
-            snapshot_before: snapshot.as_ref().map(|s| s.for_rationale()),
-            version,
-            proposal: &resolved.proposal,
-            verdict,
-            job: &job,
-            agent: &opts.agent,
-            run_id: &run.run_id,
-            session: &session,
-            root: &g.workspace_root,
-            budget: budget.clone(),
-            sweep: outcome.best_sweep.as_ref(),
-            baseline: baseline.clone(),
-            rules: Some(&rules),
-            region: None,
-        }) {
-            Ok(p) => pending = Some(p),
-            Err(e) => {
-                progress(&format!("{name}: the winner is not recorded: {e}"));
-                result.pending_refused = Some(e.to_string());
-            }
-        }
+        winners.push((version, &resolved.proposal, verdict, job, None));
     }
-    result.pending = pending.as_ref().map(|p| p.label());
-    // Each region's winner, with the job it was verified in (the same shapes and seeds:
-    // a job is a function of the candidate, the region and the run's salt).
-    let mut regional = Vec::new();
     for w in &outcome.regional {
         let region = k.spec.parse_region(&w.region).ok();
         let job = eval::job(
@@ -1383,36 +1356,51 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             &opts.settings,
             true,
         );
-        match pending_variant(&Winner {
+        let found = Some((w.region.as_str(), w.found.as_ref()));
+        winners.push((&w.version, &w.resolved.proposal, &w.verdict, job, found));
+    }
+    let mut pending = Vec::new();
+    for (version, proposal, verdict, job, region) in winners {
+        let everywhere = region.is_none();
+        let winner = Winner {
             k,
             arch: &device.arch,
             device_name: &device.name,
             driver_api: device.driver_api,
             copy_gbs: ceilings.as_ref().map(|c| c.copy_gbs),
             snapshot_before: snapshot.as_ref().map(|s| s.for_rationale()),
-            version: &w.version,
-            proposal: &w.resolved.proposal,
-            verdict: &w.verdict,
+            version,
+            proposal,
+            verdict,
             job: &job,
             agent: &opts.agent,
             run_id: &run.run_id,
             session: &session,
             root: &g.workspace_root,
             budget: budget.clone(),
-            sweep: None,
-            baseline: None,
+            sweep: outcome.best_sweep.as_ref().filter(|_| everywhere),
+            baseline: baseline.clone().filter(|_| everywhere),
             rules: Some(&rules),
-            region: Some((&w.region, w.found.as_ref())),
-        }) {
-            Ok(p) => regional.push(p),
+            region,
+        };
+        match pending_variant(&winner) {
+            Ok(p) => {
+                match everywhere {
+                    true => result.pending = Some(p.label()),
+                    false => result.regional_pending.push(p.label()),
+                }
+                pending.push(p);
+            }
+            Err(e) if everywhere => {
+                progress(&format!("{name}: the winner is not recorded: {e}"));
+                result.pending_refused = Some(e.to_string());
+            }
             Err(e) => progress(&format!(
                 "{name}: the winner where `{}` is not recorded: {e}",
-                w.region
+                region.map_or("", |r| r.0)
             )),
         }
     }
-    result.regional_pending = regional.iter().map(|p| p.label()).collect();
-    let pending: Vec<PendingVariant> = pending.into_iter().chain(regional).collect();
     // The loop's end, with the winner's pending variant in full before it is saved: a run
     // stopped between the two saves it when resumed.
     let mut journal = run.journal();

@@ -129,10 +129,9 @@ struct Loaded {
     /// NVRTC.
     reference: OnceLock<CudaFunction>,
     /// Aligned with `def.variants`: the function where the variant is for this
-    /// architecture (and this device, if it names one) and loaded, else `None`.
-    variants: Vec<Option<CudaFunction>>,
-    /// Aligned with `def.variants`: how each loaded variant's code got here.
-    origins: Vec<Option<CodeOrigin>>,
+    /// architecture (and this device, if it names one) and loaded, and how its code got
+    /// here; else `None`.
+    variants: Vec<Option<(CudaFunction, CodeOrigin)>>,
     /// Indices into `def.variants` in the order they are tried here: those keyed by
     /// this device, then the architecture's, each in lock order.
     order: Vec<usize>,
@@ -421,7 +420,7 @@ impl Kernel {
             return None;
         }
         loaded.order.iter().find_map(|&i| {
-            let (def, f) = (&self.def.variants[i], loaded.variants[i].as_ref()?);
+            let (def, (f, _)) = (&self.def.variants[i], loaded.variants[i].as_ref()?);
             region_holds(def, args).then_some((i, def, f))
         })
     }
@@ -502,26 +501,20 @@ impl Kernel {
         let device = ctx.name().unwrap_or_default();
         let cc = (major, minor);
         let mut variants = Vec::with_capacity(self.def.variants.len());
-        let mut origins = Vec::with_capacity(self.def.variants.len());
         let mut failures = Vec::new();
         let order = try_order(self.def.variants, &arch, &device);
         for (i, v) in self.def.variants.iter().enumerate() {
             if !order.contains(&i) || disabled() {
                 variants.push(None);
-                origins.push(None);
                 continue;
             }
             match load_variant(ctx, self.def.name, v, cc) {
-                Ok((f, origin)) => {
-                    variants.push(Some(f));
-                    origins.push(Some(origin));
-                }
+                Ok(loaded) => variants.push(Some(loaded)),
                 Err(e) => {
                     // A variant that does not load here (another NVRTC, say) must not
                     // take the kernel down: the reference covers its shapes.
                     failures.push((v.id, e));
                     variants.push(None);
-                    origins.push(None);
                 }
             }
         }
@@ -531,7 +524,6 @@ impl Kernel {
             cc,
             reference: OnceLock::new(),
             variants,
-            origins,
             order,
             failures,
         };
@@ -586,16 +578,13 @@ impl Kernel {
             return reference(Reason::Disabled);
         }
         let mut missed = Vec::new();
-        for def in try_order(self.def.variants, arch, device)
-            .into_iter()
-            .map(|i| &self.def.variants[i])
-        {
+        for i in try_order(self.def.variants, arch, device) {
+            let def = &self.def.variants[i];
             if let Some((_, err)) = failures.iter().find(|(id, _)| *id == def.id) {
                 missed.push(format!("`{}` cannot run here: {}", def.id, first_line(err)));
                 continue;
             }
             if region_holds(def, args) {
-                let index = self.def.variants.iter().position(|v| std::ptr::eq(v, def));
                 return Selection {
                     kernel: self.def.name,
                     variant: def.id,
@@ -605,7 +594,9 @@ impl Kernel {
                         region: def.region.as_ref().map(|r| r.text),
                     },
                     embedded_ptx: def.ptx.as_ref().map(|p| p.nvrtc),
-                    code: loaded.zip(index).and_then(|(l, i)| l.origins[i].clone()),
+                    code: loaded
+                        .and_then(|l| l.variants[i].as_ref())
+                        .map(|(_, origin)| origin.clone()),
                 };
             }
             if let Some(r) = &def.region {

@@ -1723,24 +1723,37 @@ fn a_candidate_slower_on_one_shape_becomes_the_pending_winner_of_the_region_it_w
     // 30% faster than the reference, but three times slower on the long rows of 16x65536.
     let source = s.source("// kopt-fake: speedup 1.3\n// kopt-fake: slower-on rows=16 3");
     let agent = scripted_agent(&ws, &proposal(&source));
-    let o = kopt_on_fake(
-        &ws,
-        &[
-            "optimize",
-            "softmax",
-            "--no-ncu",
-            "--agent",
-            &agent,
-            "--budget",
-            "rounds=1",
-            "--run",
-            "regions",
-            "--message-format",
-            "json",
-        ],
-    );
-    assert!(o.status.success(), "{}", kopt_tests::text(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // `--run regions`, or `--resume regions`: the run's JSON.
+    let optimize = |how: &str| -> serde_json::Value {
+        let o = kopt_on_fake(
+            &ws,
+            &[
+                "optimize",
+                "softmax",
+                "--no-ncu",
+                "--agent",
+                &agent,
+                "--budget",
+                "rounds=1",
+                how,
+                "regions",
+                "--message-format",
+                "json",
+            ],
+        );
+        assert!(o.status.success(), "{}", kopt_tests::text(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    // The folders of the kernel's pending variants.
+    let pending_dirs = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(ws.root.join("target/kopt/pending/llm-kernels/softmax"))
+            .unwrap()
+            .flatten()
+            .map(|d| d.path())
+            .filter(|p| p.join("pending.json").is_file())
+            .collect()
+    };
+    let v = optimize("--run");
     let k = &v["kernels"][0];
     assert_eq!(
         k["pending"],
@@ -1768,12 +1781,7 @@ fn a_candidate_slower_on_one_shape_becomes_the_pending_winner_of_the_region_it_w
     let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
     let text = listed.to_string();
     assert!(text.contains(region), "{text}");
-    let pending_dir = std::fs::read_dir(ws.root.join("target/kopt/pending/llm-kernels/softmax"))
-        .unwrap()
-        .flatten()
-        .map(|d| d.path())
-        .find(|p| p.join("pending.json").is_file())
-        .unwrap();
+    let pending_dir = pending_dirs().remove(0);
     assert!(
         pending_dir
             .file_name()
@@ -1809,30 +1817,9 @@ fn a_candidate_slower_on_one_shape_becomes_the_pending_winner_of_the_region_it_w
         .collect();
     assert!(kept.len() < journal.lines().count(), "{journal}");
     std::fs::write(&journal_path, format!("{}\n", kept.join("\n"))).unwrap();
-    let o = kopt_on_fake(
-        &ws,
-        &[
-            "optimize",
-            "softmax",
-            "--no-ncu",
-            "--agent",
-            &agent,
-            "--budget",
-            "rounds=1",
-            "--resume",
-            "regions",
-            "--message-format",
-            "json",
-        ],
-    );
-    assert!(o.status.success(), "{}", kopt_tests::text(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = optimize("--resume");
     assert_eq!(v["kernels"][0]["resumed"]["finished_before"], true, "{v}");
     assert_eq!(v["kernels"][0]["regional_pending"][0], label, "{v}");
-    let again = std::fs::read_dir(ws.root.join("target/kopt/pending/llm-kernels/softmax"))
-        .unwrap()
-        .flatten()
-        .filter(|d| d.path().join("pending.json").is_file())
-        .count();
+    let again = pending_dirs().len();
     assert_eq!(again, 1, "the region's winner is pending again");
 }

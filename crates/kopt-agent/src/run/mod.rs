@@ -594,16 +594,24 @@ impl Rules {
 /// not slower on any shape (beyond that shape's measured noise) and faster by more than
 /// `rules.min_uniform_gain` in geometric mean over the shapes (returns that mean).
 pub fn improvement(verdict: &Verdict, rules: &Rules) -> Option<f64> {
-    if !verdict.failures.is_empty() || verdict.comparisons.is_empty() {
+    if !verdict.failures.is_empty() {
         return None;
     }
-    let speedups: Vec<f64> = verdict.comparisons.iter().map(|c| c.speedup).collect();
+    gain(&verdict.comparisons, rules)
+}
+
+/// The rule of [`improvement`] over per-shape comparisons with the best.
+pub fn gain(comparisons: &[kopt_engine::stats::ShapeComparison], rules: &Rules) -> Option<f64> {
+    if comparisons.is_empty() {
+        return None;
+    }
+    let speedups: Vec<f64> = comparisons.iter().map(|c| c.speedup).collect();
     let largest = speedups.iter().copied().fold(0.0, f64::max);
     if largest > 1.0 + rules.min_gain {
         return Some(largest);
     }
     let mean = (speedups.iter().map(|s| s.ln()).sum::<f64>() / speedups.len() as f64).exp();
-    let everywhere = verdict.comparisons.iter().all(|c| {
+    let everywhere = comparisons.iter().all(|c| {
         let noise = rules.noise.get(&c.shape).copied().unwrap_or(0.0);
         c.speedup * (1.0 + noise) >= 1.0
     });

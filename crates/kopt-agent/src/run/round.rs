@@ -971,18 +971,14 @@ impl<'r> LoopState<'r> {
 /// Whether `w` is faster than the times `best` on the declared shapes both were timed on,
 /// by the rule of a new best.
 fn beats_on_its_shapes(w: &RegionalWinner, best: &BTreeMap<String, f64>, rules: &Rules) -> bool {
-    let speedups: Vec<f64> = w
+    let timed: Vec<(String, f64, f64)> = w
         .verdict
         .shapes
         .iter()
         .filter(|s| !s.held_out)
-        .filter_map(|s| Some(best.get(&s.shape)? / s.candidate_us?))
+        .filter_map(|s| Some((s.shape.clone(), *best.get(&s.shape)?, s.candidate_us?)))
         .collect();
-    if speedups.is_empty() {
-        return true;
-    }
-    let mean = (speedups.iter().map(|s| s.ln()).sum::<f64>() / speedups.len() as f64).exp();
-    speedups.iter().any(|s| *s > 1.0 + rules.min_gain) || mean > 1.0 + rules.min_uniform_gain
+    timed.is_empty() || super::gain(&kopt_engine::stats::watchdog(&timed, 0.0), rules).is_some()
 }
 
 /// A regional winner as the agent's context lists it.
