@@ -377,6 +377,7 @@ pub fn pending_from_shipped(
             session: None,
             kind: Some("softmax".into()),
             baseline: None,
+            retires: None,
             ptx: None,
             evidence: EvidenceSummary {
                 shapes_checked: vec![

@@ -280,3 +280,168 @@ fn a_region_must_hold_on_a_declared_shape() {
     let errors = proposal::parse(&text, &spec(), REFERENCE).unwrap_err();
     assert!(errors[0].contains("`region`"), "{errors:?}");
 }
+
+/// The loop's end: narrowing to where the winners are not slower than the reference.
+fn narrowed(s: &mut LoopState, eval: &mut Timed) -> Vec<String> {
+    let mut said = Vec::new();
+    s.narrow_to_reference(eval, &mut |e| {
+        if let kopt_agent::run::Event::Narrowing { id, detail } = e {
+            said.push(format!("{id}: {detail}"));
+        }
+    });
+    said
+}
+
+#[test]
+fn a_best_slower_than_the_reference_on_some_shape_is_narrowed_to_where_it_is_not() {
+    let mut s = state();
+    let mut eval = Timed::default();
+    // Twice as fast on the small shapes, 2% slower on the large one: inside the
+    // watchdog's 3%, so a new best on every shape.
+    let r = next_round(
+        &mut s,
+        &mut eval,
+        vec![("c1", candidate([0.5, 0.5, 1.02], None))],
+    );
+    assert!(r.improved);
+    assert_eq!(s.best_label(), "c1");
+    let said = narrowed(&mut s, &mut eval);
+    assert_eq!(
+        eval.calls.last().unwrap(),
+        &("c1-narrowed".to_string(), Some("n <= 4096".to_string())),
+        "verified again on the region, against the reference"
+    );
+    assert!(
+        said[0].starts_with("c1: slower than the reference on n=65536: 81.60 µs against the reference's 80.00 µs: narrowed to `n <= 4096` (2.00x over the reference there)"),
+        "{said:?}"
+    );
+    let end = s.finish(Stop::Rounds, &Unreviewed);
+    assert!(end.best.is_none(), "no winner on every shape is left");
+    let w = &end.regional[0];
+    assert_eq!(w.region, "n <= 4096");
+    let n = w.narrowed.as_ref().unwrap();
+    assert!(n.was_best && !n.is_start);
+    assert!(!n.retires_start, "the loop started from the reference");
+    let f = w.found.as_ref().unwrap();
+    assert_eq!(f.lost, ["n=65536"]);
+    assert_eq!(f.won, ["n=1024", "n=4096"]);
+    assert!(f
+        .describe(&w.region)
+        .contains("not slower than the reference"));
+}
+
+#[test]
+fn a_winner_within_the_noise_of_the_reference_everywhere_is_not_narrowed() {
+    let mut s = state();
+    let mut eval = Timed::default();
+    next_round(
+        &mut s,
+        &mut eval,
+        vec![("c1", candidate([0.5, 0.5, 1.005], None))],
+    );
+    let said = narrowed(&mut s, &mut eval);
+    assert!(said.is_empty(), "{said:?}");
+    assert_eq!(eval.calls.len(), 1, "nothing verified again");
+    let end = s.finish(Stop::Rounds, &Unreviewed);
+    assert!(end.best.is_some() && end.regional.is_empty());
+}
+
+#[test]
+fn a_winner_slower_in_the_middle_has_no_region_and_stays_as_it_was() {
+    let mut s = state();
+    let mut eval = Timed::default();
+    // Slower than the reference on n=4096 only: no bound or interval over n keeps
+    // n=1024 and n=65536 but not n=4096.
+    next_round(
+        &mut s,
+        &mut eval,
+        vec![("c1", candidate([0.5, 1.02, 0.5], None))],
+    );
+    let said = narrowed(&mut s, &mut eval);
+    assert!(
+        said[0].contains("no condition over the scalar arguments separates"),
+        "{said:?}"
+    );
+    let end = s.finish(Stop::Rounds, &Unreviewed);
+    assert_eq!(end.best.unwrap().0.id, "c1", "kept for every shape");
+}
+
+/// A loop that starts from an accepted variant with these factors (verified at the start).
+fn started_from(factors: [f64; 3]) -> (LoopState<'static>, Timed) {
+    let mut eval = Timed::default();
+    let mut version = KernelVersion::reference(&spec(), REFERENCE);
+    version.id = "accepted-v1".into();
+    version.source = format!(
+        "{REFERENCE}// times {} {} {}\n",
+        factors[0], factors[1], factors[2]
+    );
+    let verdict = eval.evaluate(&mut version.clone(), None, None);
+    eval.calls.clear();
+    let start = kopt_agent::run::Start { version, verdict };
+    let s = LoopState::new(
+        &spec(),
+        &KernelVersion::reference(&spec(), REFERENCE),
+        Some(&start),
+        Rules::default(),
+        Budget::default(),
+        None,
+    );
+    (s, eval)
+}
+
+#[test]
+fn an_accepted_start_that_nothing_beat_is_narrowed_and_retired() {
+    let (mut s, mut eval) = started_from([0.5, 0.5, 1.02]);
+    // A candidate that does not beat the start.
+    next_round(
+        &mut s,
+        &mut eval,
+        vec![("c1", candidate([0.6, 0.6, 1.0], None))],
+    );
+    assert_eq!(s.best_label(), "accepted-v1");
+    let said = narrowed(&mut s, &mut eval);
+    assert!(
+        said[0].starts_with("accepted-v1: slower than the reference on n=65536"),
+        "{said:?}"
+    );
+    assert!(said[0].contains("retires the accepted variant"), "{said:?}");
+    let end = s.finish(Stop::Rounds, &Unreviewed);
+    let w = &end.regional[0];
+    assert_eq!(w.version.id, "accepted-v1-narrowed");
+    let n = w.narrowed.as_ref().unwrap();
+    assert!(n.is_start && n.retires_start);
+    // kopt's own proposal: no code changed, the evidence its verification at the start.
+    let p = &w.resolved.proposal;
+    assert!(p.changes[0].what.starts_with("none to the code"));
+    assert!(
+        p.diagnosis
+            .evidence
+            .iter()
+            .any(|e| e == "n=65536: 81.60 µs, the reference 80.00 µs in the same job"),
+        "{:?}",
+        p.diagnosis.evidence
+    );
+    assert_eq!(p.region.as_deref(), Some("n <= 4096"));
+}
+
+#[test]
+fn a_narrowed_best_keeps_a_start_that_beats_the_reference_where_it_does_not() {
+    // The start is faster than the reference everywhere; the new best beats it by far on
+    // the small shapes and is 1.5% slower than the reference on the large one (2.5%
+    // slower than the start there: inside the watchdog's 3%).
+    let (mut s, mut eval) = started_from([0.8, 0.8, 0.99]);
+    next_round(
+        &mut s,
+        &mut eval,
+        vec![("c1", candidate([0.3, 0.3, 1.015], None))],
+    );
+    assert_eq!(s.best_label(), "c1");
+    narrowed(&mut s, &mut eval);
+    let end = s.finish(Stop::Rounds, &Unreviewed);
+    let n = end.regional[0].narrowed.as_ref().unwrap();
+    assert!(n.was_best && !n.is_start);
+    assert!(
+        !n.retires_start,
+        "the start is faster than the reference on n=65536: it keeps running there"
+    );
+}

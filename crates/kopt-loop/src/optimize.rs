@@ -1225,6 +1225,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
                     speedup,
                     ..
                 } => format!("{id} wins where `{region}`: {speedup:.2}x"),
+                run::Event::Narrowing { id, detail } => format!("{id}: {detail}"),
                 run::Event::Reflection => "reflection turn".into(),
                 run::Event::Review { id, objections } => {
                     format!("{id}: {objections} objection(s)")
@@ -1344,7 +1345,7 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
     // the candidate, the region and the run's salt).
     let mut winners = Vec::new();
     if let (Some((version, resolved, verdict)), Some(job)) = (&outcome.best, last_job) {
-        winners.push((version, &resolved.proposal, verdict, job, None));
+        winners.push((version, &resolved.proposal, verdict, job, None, None));
     }
     for w in &outcome.regional {
         let region = k.spec.parse_region(&w.region).ok();
@@ -1357,11 +1358,22 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             true,
         );
         let found = Some((w.region.as_str(), w.found.as_ref()));
-        winners.push((&w.version, &w.resolved.proposal, &w.verdict, job, found));
+        winners.push((
+            &w.version,
+            &w.resolved.proposal,
+            &w.verdict,
+            job,
+            found,
+            w.narrowed.as_ref(),
+        ));
     }
     let mut pending = Vec::new();
-    for (version, proposal, verdict, job, region) in winners {
+    for (version, proposal, verdict, job, region, narrowed) in winners {
         let everywhere = region.is_none();
+        // A winner narrowed at the loop's end was the best on every shape (or the start):
+        // its baseline and sweep are still its own.
+        let was_best = everywhere || narrowed.is_some_and(|n| n.was_best);
+        let is_start = narrowed.is_some_and(|n| n.is_start);
         let winner = Winner {
             k,
             arch: &device.arch,
@@ -1373,13 +1385,16 @@ fn optimize_kernel(run: &RunShared, slot: Slot<'_>, k: &Kernel) -> Result<Kernel
             proposal,
             verdict,
             job: &job,
-            agent: &opts.agent,
+            agent: if is_start { "kopt" } else { &opts.agent },
             run_id: &run.run_id,
             session: &session,
             root: &g.workspace_root,
             budget: budget.clone(),
             sweep: outcome.best_sweep.as_ref().filter(|_| everywhere),
-            baseline: baseline.clone().filter(|_| everywhere),
+            baseline: baseline.clone().filter(|_| was_best && !is_start),
+            retires: narrowed
+                .filter(|n| n.retires_start)
+                .and_then(|_| baseline.as_ref().map(|(b, _)| b.clone())),
             rules: Some(&rules),
             region,
         };
@@ -1468,6 +1483,10 @@ pub struct Winner<'a> {
     /// The region it won, when not every shape, and how the loop found it (`None`: its
     /// proposal claimed it).
     pub region: Option<(&'a str, Option<&'a run::FoundRegion>)>,
+    /// The accepted variant that accepting the winner retires (a winner narrowed to where
+    /// it is not slower than the reference, which leaves the other shapes to the
+    /// reference rather than to that variant).
+    pub retires: Option<Baseline>,
 }
 
 /// An accepted variant a winner had to beat, and its time per shape in the same run.
@@ -1893,6 +1912,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         session: Some(session_rel),
         kind: None,
         baseline: w.baseline.as_ref().map(|(b, _)| b.clone()),
+        retires: w.retires.clone(),
         ptx: ptx_record,
         evidence: EvidenceSummary {
             shapes_checked: job

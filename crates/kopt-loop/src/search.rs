@@ -1258,6 +1258,7 @@ fn save_winner(
         },
         sweep: None,
         baseline: None,
+        retires: None,
         rules: None,
         region: None,
     })?;

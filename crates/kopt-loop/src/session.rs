@@ -735,6 +735,7 @@ impl Session {
                 },
                 sweep: None,
                 baseline: self.kernels.get(&a.kernel).and_then(|s| s.baseline.clone()),
+                retires: None,
                 rules: Some(&rules),
                 region: regional
                     .as_ref()

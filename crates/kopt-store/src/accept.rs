@@ -325,7 +325,13 @@ pub fn plan_accept(
         .as_ref()
         .map(|l| l.entries_for(&entry.arch).cloned().collect())
         .unwrap_or_default();
-    let (placement, region_map) = place(t, &state, &entry, &p.variant, &p.source)?;
+    let (placement, region_map) = place(
+        t,
+        &state,
+        &entry,
+        (&p.variant, &p.source),
+        m.retires.as_ref(),
+    )?;
     let replaces: Vec<ReplacedVariant> = placement
         .replaces
         .iter()
@@ -367,8 +373,25 @@ pub fn plan_accept(
             ));
         }
     }
+    if let Some(b) = m
+        .retires
+        .as_ref()
+        .filter(|b| placement.replaces.iter().any(|e| e.variant == b.variant))
+    {
+        notes.push(format!(
+            "it retires `{}`: the loop measured it no faster than the reference on the shapes where `{}` does not hold, so the reference runs those",
+            b.variant,
+            entry.region.as_deref().unwrap_or("true")
+        ));
+    }
     let accepted_now = arch_entries.iter().find(|e| e.same_key(&entry));
-    match (&p.meta.baseline, accepted_now) {
+    // A narrowed start is the accepted variant itself: nothing to compare it with.
+    let retires_now = accepted_now.is_some_and(|now| {
+        m.retires
+            .as_ref()
+            .is_some_and(|b| b.source_hash == now.source_hash)
+    });
+    match (&p.meta.baseline, accepted_now.filter(|_| !retires_now)) {
         (Some(b), Some(now)) if b.source_hash != now.source_hash => notes.push(format!(
             "it had to beat `{}`, but `{}` is accepted for {} now: it was never compared with the latter (`cargo kopt bench` after accepting, or `cargo kopt optimize` again)",
             b.variant, now.variant, entry.arch
@@ -405,13 +428,15 @@ pub fn plan_accept(
 }
 
 /// Where `entry` (of variant `variant` with `source`) goes in the lock `state` resolved,
-/// and the region map over the known shapes before and after.
+/// and the region map over the known shapes before and after. `retires`: an entry of the
+/// same key that it removes besides those its region covers (a narrowed winner's
+/// [`PendingMeta::retires`], matched by variant name and source hash).
 fn place(
     t: &KernelTarget,
     state: &selection::KernelState,
     entry: &LockEntry,
-    variant: &VariantFile,
-    source: &str,
+    (variant, source): (&VariantFile, &str),
+    retires: Option<&crate::pending::Baseline>,
 ) -> Result<(Placement, Vec<RegionRow>)> {
     let region = entry
         .region
@@ -427,7 +452,15 @@ fn place(
         ptx: None,
     };
     let shapes = selection::known_shapes(t.spec);
-    let placement = selection::place(state, t.spec, entry, &usable, &shapes);
+    let mut placement = selection::place(state, t.spec, entry, &usable, &shapes);
+    if let Some(b) = retires {
+        let retired = state.entries.iter().map(|r| &r.entry).find(|e| {
+            e.same_key(entry) && e.variant == b.variant && e.source_hash == b.source_hash
+        });
+        if let Some(e) = retired.filter(|e| !placement.replaces.contains(e)) {
+            placement.replaces.push(e.clone());
+        }
+    }
     let map = selection::region_map(state, t.spec, (entry, &usable), &placement, &shapes);
     Ok((placement, map))
 }
@@ -806,7 +839,7 @@ pub fn reactivate(
             entry.key()
         )));
     }
-    let (placement, _) = place(t, &state, &entry, &v, &src)?;
+    let (placement, _) = place(t, &state, &entry, (&v, &src), None)?;
     let replaced = placement
         .replaces
         .iter()

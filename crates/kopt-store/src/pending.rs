@@ -61,6 +61,12 @@ pub struct PendingMeta {
     /// reference either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<Baseline>,
+    /// An accepted variant that accepting this one removes from the lock: the loop
+    /// measured it no faster than the reference on the shapes this one's region leaves
+    /// out (a winner narrowed to where it is not slower than the reference), so the
+    /// reference runs them. Absent: accepting replaces only what the region covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retires: Option<Baseline>,
     /// Its `kernel.ptx`, the PTX the worker loaded when it verified the variant: hash and
     /// what compiled it (the lock entry records the same on accept).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -665,6 +665,75 @@ fn an_accept_for_a_region_replaces_only_the_entries_it_covers() {
 }
 
 #[test]
+fn a_narrowed_winner_retires_the_start_so_the_reference_runs_the_rest() {
+    let f = Fixture::new();
+    let mut a = f.pending("a", "run-1", "");
+    a.meta.region = None;
+    accept_now(&f, &a, AcceptAs::default());
+    let a_hash = lock_entry_source_hash(&f, "a");
+
+    // A plain region winner leaves `a` behind it...
+    let mut b = f.pending("b", "run-2", "// b\n");
+    b.meta.region = Some("cols <= 4096".into());
+    let plan = accept::plan_accept(&f.target(), &f.kopt, &b, AcceptAs::default()).unwrap();
+    assert_eq!(plan.keeps, ["a"]);
+    // ...one narrowed to where it beats the reference, from a loop that started at `a`,
+    // retires it: the reference runs the shapes outside its region.
+    b.meta.retires = Some(pending::Baseline {
+        variant: "a".into(),
+        source_hash: a_hash.clone(),
+    });
+    let plan = accept_now(&f, &b, AcceptAs::default());
+    assert!(plan.keeps.is_empty(), "{:?}", plan.keeps);
+    assert!(
+        plan.notes.iter().any(|n| n.starts_with("it retires `a`")),
+        "{:?}",
+        plan.notes
+    );
+    let map: Vec<(&str, &str, &str)> = plan
+        .region_map
+        .iter()
+        .filter(|r| !r.held_out)
+        .map(|r| (r.shape.as_str(), r.before.as_str(), r.after.as_str()))
+        .collect();
+    assert_eq!(
+        map,
+        [
+            ("cols=4096 rows=4096", "a", "b"),
+            ("cols=65536 rows=16", "a", "reference"),
+            ("cols=1024 rows=32768", "a", "b"),
+            ("cols=50257 rows=8", "a", "reference"),
+        ]
+    );
+    assert_eq!(lock_entries(&f), [owned("b", Some("cols <= 4096"), None)]);
+
+    // A `retires` that names another source (the variant was edited and accepted again
+    // since) retires nothing.
+    let mut c = f.pending("c", "run-3", "// c\n");
+    c.meta.region = None;
+    accept_now(&f, &c, AcceptAs::default());
+    let mut d = f.pending("d", "run-4", "// d\n");
+    d.meta.region = Some("cols <= 1024".into());
+    d.meta.retires = Some(pending::Baseline {
+        variant: "c".into(),
+        source_hash: a_hash,
+    });
+    let plan = accept_now(&f, &d, AcceptAs::default());
+    assert_eq!(plan.keeps, ["c"]);
+}
+
+/// The source hash the lock records for `variant`.
+fn lock_entry_source_hash(f: &Fixture, variant: &str) -> String {
+    LockFile::parse(&f.read("kopt/softmax/kopt.lock"))
+        .unwrap()
+        .accepted
+        .into_iter()
+        .find(|e| e.variant == variant)
+        .unwrap()
+        .source_hash
+}
+
+#[test]
 fn a_device_specific_accept_is_keyed_by_the_device_and_leaves_the_architecture_alone() {
     let f = Fixture::new();
     let mut a = f.pending("a", "run-1", "");

@@ -1823,3 +1823,73 @@ fn a_candidate_slower_on_one_shape_becomes_the_pending_winner_of_the_region_it_w
     let again = pending_dirs().len();
     assert_eq!(again, 1, "the region's winner is pending again");
 }
+
+#[test]
+fn a_winner_slower_than_the_reference_on_one_shape_is_narrowed_to_retire_the_start() {
+    let ws = kopt_tests::ExampleWorkspace::new();
+    let s = setup();
+    // 30% faster than the reference, but 2% slower on rows=16: inside the watchdog's 3%
+    // of the accepted start (which the fake device times as the reference), so the best
+    // on every shape until the loop's end narrows it.
+    let source = s.source("// kopt-fake: speedup 1.3\n// kopt-fake: slower-on rows=16 1.02");
+    let agent = scripted_agent(&ws, &proposal(&source));
+    let o = kopt_on_fake(
+        &ws,
+        &[
+            "optimize",
+            "softmax",
+            "--no-ncu",
+            "--agent",
+            &agent,
+            "--budget",
+            "rounds=1",
+            "--run",
+            "narrow",
+            "--message-format",
+            "json",
+        ],
+    );
+    assert!(o.status.success(), "{}", kopt_tests::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let k = &v["kernels"][0];
+    assert_eq!(k["pending"], serde_json::Value::Null, "{v}");
+    let label = k["regional_pending"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    let region = label
+        .strip_prefix("llm-kernels/softmax/sm_90 where ")
+        .unwrap_or_else(|| panic!("{label}"));
+    let spec = &s.kernel().spec;
+    let expr = spec.parse_region(region).unwrap();
+    for shape in &spec.shapes {
+        let args = spec.shape_args(shape);
+        assert_eq!(spec.region_holds(&expr, &args), args[0] != 16, "{region}");
+    }
+    let journal = journal_of(&ws, "narrow");
+    assert!(
+        journal.contains("r1c1-narrowed"),
+        "verified again, journaled"
+    );
+    let dir = std::fs::read_dir(ws.root.join("target/kopt/pending/llm-kernels/softmax"))
+        .unwrap()
+        .flatten()
+        .map(|d| d.path())
+        .find(|p| p.join("pending.json").is_file())
+        .unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("pending.json")).unwrap()).unwrap();
+    assert_eq!(meta["retires"]["variant"], "run-1796024738-r1c1", "{meta}");
+    let r = kopt_spec::files::Rationale::parse(
+        &std::fs::read_to_string(dir.join("rationale.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        r.summary.contains("kopt narrowed it to") && r.summary.contains("cols=65536 rows=16"),
+        "{}",
+        r.summary
+    );
+
+    // What accepting it does to the lock is kopt-store's test
+    // (`a_narrowed_winner_retires_the_start_so_the_reference_runs_the_rest`): a variant
+    // measured on the fake device cannot be accepted.
+}

@@ -44,7 +44,7 @@ use crate::context::{self, CaseLine, Feedback};
 use crate::proposal::{self, Resolved};
 
 mod round;
-pub use round::{Agents, Checked, LoopState, Round, Unreviewed};
+pub use round::{Agents, Checked, LoopState, Round, Unreviewed, NARROWING_FLOOR};
 
 /// Verifies a candidate against the reference, its watchdog comparing with `best_us`
 /// (the current best's time per shape; `None`: the reference measured in the same job).
@@ -418,14 +418,33 @@ pub struct RegionalWinner {
     pub resolved: Resolved,
     /// The verdict on the region's shapes.
     pub verdict: Verdict,
-    /// Its gain over the best on those shapes (the rule's figure).
+    /// Its gain over the best on those shapes (the rule's figure); for a winner narrowed
+    /// at the loop's end, over the reference.
     pub speedup: f64,
+    /// Set when kopt narrowed a winner at the loop's end to the shapes where it is not
+    /// slower than the reference ([`LoopState::narrow_to_reference`]).
+    pub narrowed: Option<Narrowed>,
+}
+
+/// How a winner came to be narrowed to where it is not slower than the reference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Narrowed {
+    /// It was the loop's best on every shape (else a region's winner, narrowed further).
+    pub was_best: bool,
+    /// It is the accepted variant the loop started from, unchanged: no candidate beat it,
+    /// and kopt only narrowed it.
+    pub is_start: bool,
+    /// Accepting it should retire the accepted variant the loop started from: it was the
+    /// best, and the start was no faster than the reference on the shapes it leaves (so
+    /// that the reference, not the start, runs there).
+    pub retires_start: bool,
 }
 
 /// A region the loop proposed for a candidate that is faster than the best on some
-/// declared shapes and slower on others: the tightest condition that holds on the shapes
-/// it won and on none it lost ([`kopt_spec::regions::separating_region`]), verified again
-/// on the region's declared and held-out shapes.
+/// declared shapes and slower on others, or for a winner slower than the reference on
+/// some: the tightest condition that holds on the shapes it won and on none it lost
+/// ([`kopt_spec::regions::separating_region`]), verified again on the region's declared
+/// and held-out shapes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FoundRegion {
     /// The declared shapes it won and lost on the first verification.
@@ -433,17 +452,36 @@ pub struct FoundRegion {
     pub lost: Vec<String>,
     /// How many of that verification's held-out shapes the region holds on.
     pub held_out_inside: usize,
+    /// What it lost to.
+    pub lost_to: LostTo,
+}
+
+/// What a candidate was slower than on the shapes a found region leaves out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostTo {
+    /// The loop's best of the time (a region found when the candidate was judged).
+    Best,
+    /// The reference, timed in the same job (a winner narrowed at the loop's end).
+    Reference,
 }
 
 impl FoundRegion {
     /// One sentence for a rationale and the agent.
     pub fn describe(&self, region: &str) -> String {
-        format!(
-            "kopt proposed `{region}`, the tightest condition over the scalar arguments (one bound at the winning shapes' extreme, else an interval, else two) that holds on every declared shape the candidate won ({}) and on none it lost ({}), ties broken by the fewest held-out shapes inside ({} here), and verified the candidate again on the region's declared and held-out shapes",
-            self.won.join("; "),
-            self.lost.join("; "),
-            self.held_out_inside
-        )
+        match self.lost_to {
+            LostTo::Best => format!(
+                "kopt proposed `{region}`, the tightest condition over the scalar arguments (one bound at the winning shapes' extreme, else an interval, else two) that holds on every declared shape the candidate won ({}) and on none it lost ({}), ties broken by the fewest held-out shapes inside ({} here), and verified the candidate again on the region's declared and held-out shapes",
+                self.won.join("; "),
+                self.lost.join("; "),
+                self.held_out_inside
+            ),
+            LostTo::Reference => format!(
+                "kopt narrowed it to `{region}` at the loop's end, the tightest condition over the scalar arguments (one bound, else an interval, else two) that holds on every declared shape where it was not slower than the reference ({}) and on none where it was ({}: slower than the reference timed in the same job, beyond the timing noise measured between two jobs), ties broken by the fewest held-out shapes inside ({} here), and verified it again against the reference on the region's declared and held-out shapes; the reference runs the shapes it leaves",
+                self.won.join("; "),
+                self.lost.join("; "),
+                self.held_out_inside
+            ),
+        }
     }
 }
 
@@ -527,6 +565,12 @@ pub enum Event {
         region: String,
         found: bool,
         speedup: f64,
+    },
+    /// What narrowing a winner to where it is not slower than the reference did (or why
+    /// it did not), at the loop's end ([`LoopState::narrow_to_reference`]).
+    Narrowing {
+        id: String,
+        detail: String,
     },
     Reflection,
     Review {
@@ -930,6 +974,7 @@ pub fn optimize(
             break stop;
         }
     };
+    state.narrow_to_reference(evaluator, on);
     let mut out = state.finish(stop, &agents);
     out.spend = agents.client.spend;
     if let Some(r) = &agents.reviewer {

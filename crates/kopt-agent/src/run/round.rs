@@ -14,7 +14,7 @@ use kopt_engine::verdict::{Fence, Verdict};
 
 use super::{
     candidate_version, describe_defines, feedback, improvement, Budget, Evaluate, Event,
-    FoundRegion, LoopOutcome, MatrixPoint, MatrixSweep, RegionalWinner, Rules, RunBudget,
+    FoundRegion, LoopOutcome, LostTo, MatrixPoint, MatrixSweep, RegionalWinner, Rules, RunBudget,
     RunCharge, Start, Stop, SweptPoint, Task, Tried,
 };
 use crate::backend::Spend;
@@ -149,7 +149,13 @@ pub struct LoopState<'r> {
     found_sweep: Option<MatrixSweep>,
     /// The winner of each region, in the order the regions first won.
     regional: Vec<RegionalWinner>,
+    /// The accepted variant the loop started from, as verified at the start (`None`: the
+    /// reference).
+    start: Option<Start>,
 }
+
+mod narrow;
+pub use narrow::NARROWING_FLOOR;
 
 impl<'r> LoopState<'r> {
     /// A loop for `spec`'s kernel from `reference`, or from `start` (a version verified
@@ -197,6 +203,7 @@ impl<'r> LoopState<'r> {
             found: None,
             found_sweep: None,
             regional: Vec::new(),
+            start: start.cloned(),
         }
     }
 
@@ -524,6 +531,7 @@ impl<'r> LoopState<'r> {
                 resolved: r.clone(),
                 verdict: verdict.clone(),
                 speedup,
+                narrowed: None,
             }),
             (None, None) => {
                 let spent = agents.spent();
@@ -857,6 +865,17 @@ impl<'r> LoopState<'r> {
             .or_else(|| self.best.us.clone())
     }
 
+    /// Drops the regions' winners that the final best matches on their shapes: each was
+    /// judged against the best of its time, and has nothing left to win there. Winners
+    /// narrowed to beat the reference are judged against the reference, and stay.
+    fn settle_regions(&mut self) {
+        if let Some(best) = &self.best.us {
+            let rules = &self.rules;
+            self.regional
+                .retain(|w| w.narrowed.is_some() || beats_on_its_shapes(w, best, rules));
+        }
+    }
+
     /// Keeps `w` as its region's winner, replacing an earlier one of the same region.
     fn keep_regional(&mut self, w: RegionalWinner) {
         match self.regional.iter_mut().find(|x| x.region == w.region) {
@@ -934,11 +953,13 @@ impl<'r> LoopState<'r> {
                 won: verdict.wins.clone(),
                 lost,
                 held_out_inside: region.others_inside,
+                lost_to: LostTo::Best,
             }),
             version: v,
             resolved,
             verdict: second,
             speedup,
+            narrowed: None,
         })
     }
 
@@ -948,13 +969,7 @@ impl<'r> LoopState<'r> {
     pub fn finish(mut self, stop: Stop, agents: &dyn Agents) -> LoopOutcome {
         let (tokens, dollars) = agents.spent();
         self.run.check(self.candidates, tokens, dollars);
-        // A region's winner was judged against the best of its time: one that the final
-        // best matches on its region's shapes has nothing left to win there.
-        if let Some(best) = &self.best.us {
-            let rules = &self.rules;
-            self.regional
-                .retain(|w| beats_on_its_shapes(w, best, rules));
-        }
+        self.settle_regions();
         LoopOutcome {
             stop,
             rounds: self.rounds,

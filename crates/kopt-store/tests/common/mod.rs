@@ -176,6 +176,7 @@ impl Fixture {
                 session: Some(format!("target/kopt/runs/{run_id}/journal.jsonl")),
                 kind: None,
                 baseline: None,
+                retires: None,
                 ptx: None,
                 evidence: EvidenceSummary {
                     shapes_checked: vec!["cols=4096 rows=4096".into(), "cols=65536 rows=16".into()],
