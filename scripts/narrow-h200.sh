@@ -26,7 +26,7 @@ cd "$ROOT/examples/llm-kernels"
 TARGET="$ROOT/target/kopt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$W/nvidia-smi.txt" 2>&1
 if has optimize; then
-    step optimize 300 cargo kopt optimize "${LOOP[@]}" --agent "cmd:$PWD/agents/scripted-agent.sh" \
+    step optimize 200 cargo kopt optimize "${LOOP[@]}" --agent "cmd:$PWD/agents/scripted-agent.sh" \
         --budget rounds=1 --no-ncu --step-timeout 60 --run narrow-h200 --message-format json
     step pending 30 cargo kopt pending
     mkdir -p "$W/pending-as-left"
@@ -40,12 +40,12 @@ if has accept; then
 fi
 if has verify; then
     KOPT_SANITIZER_TIMEOUT="${KOPT_SANITIZER_TIMEOUT:-90}" \
-        step verify 240 cargo kopt verify --keep-ptx "${VERIFY[@]}"
+        step verify 150 cargo kopt verify --keep-ptx "${VERIFY[@]}"
 fi
 if has bench; then
-    echo "== bench (timeout 240s)"
+    echo "== bench (timeout 200s)"
     t0=$SECONDS
-    timeout 240 cargo kopt bench --no-cache --message-format json >"$OUT/bench.json" 2>"$W/bench.stderr"
+    timeout 200 cargo kopt bench --no-cache --message-format json >"$OUT/bench.json" 2>"$W/bench.stderr"
     echo "   bench: exit $? after $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
     tail -n 3 "$W/bench.stderr"
 fi
