@@ -18,10 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::inputs::element;
 
-/// The factor of the rounding-noise floor: Higham and Mary's probabilistic bound for a
-/// reduction of `n` terms, `lambda * sqrt(n) * u`, holds with probability at least
-/// `1 - 2 exp(-lambda^2 / 2)`; 6 makes that one in thirty million per reduction.
-pub const NOISE_LAMBDA: f64 = 6.0;
+/// The factor of the rounding-noise floor ([`kopt_spec::capture::NOISE_LAMBDA`]).
+pub use kopt_spec::capture::NOISE_LAMBDA;
 
 /// Which magnitude an element's relative tolerance multiplied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,28 +91,15 @@ impl Allowance {
     }
 }
 
-/// The unit roundoff of values stored as `dtype` (half the distance from 1 to the next
-/// value); 0 for integers, which compare exactly.
+/// The unit roundoff of values stored as `dtype` ([`DType::unit_roundoff`]).
 pub fn unit_roundoff(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => f64::EPSILON / 2.0,
-        DType::F32 => f32::EPSILON as f64 / 2.0,
-        DType::F16 => half::f16::EPSILON.to_f64() / 2.0,
-        DType::Bf16 => half::bf16::EPSILON.to_f64() / 2.0,
-        _ => 0.0,
-    }
+    dtype.unit_roundoff()
 }
 
-/// The unit roundoff of the arithmetic that produced an output of `dtype`: fp32 for fp32,
-/// fp16 and bf16 outputs (half-precision kernels accumulate in fp32, and a floor from
-/// fp16's own roundoff would pass the fp16 accumulation the fence exists to reject), fp64
-/// for fp64; 0 for integers.
+/// The unit roundoff of the arithmetic that produced an output of `dtype`
+/// ([`DType::accumulation_unit_roundoff`]).
 pub fn accumulation_unit_roundoff(dtype: DType) -> f64 {
-    match dtype {
-        DType::F64 => f64::EPSILON / 2.0,
-        DType::F32 | DType::F16 | DType::Bf16 => f32::EPSILON as f64 / 2.0,
-        _ => 0.0,
-    }
+    dtype.accumulation_unit_roundoff()
 }
 
 /// The rule for one output buffer: its tolerance, its dtype, and how its elements are
@@ -676,6 +661,46 @@ mod tests {
     fn alone(got: f64, want: f64) -> bool {
         let rule = Rule::new(DType::F32, TOL, 1, None);
         close(got, want, rule.allowance(want, want.abs()).allowed)
+    }
+
+    #[test]
+    fn the_shadow_checks_rule_is_the_fences() {
+        // The launcher's shadow checks judge on the device by `ShadowRule`, the fence on
+        // the host by `Rule`: one rule, whatever the dtype, tolerance and row layout.
+        let item = kopt_spec::spec::parse_item(
+            "pub fn k(s: &CudaStream, a: &mut CudaSlice<f32>, b: &mut CudaSlice<f16>, c: &mut CudaSlice<bf16>, d: &mut CudaSlice<f64>, e: &mut CudaSlice<i32>, rows: u32, cols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        let spec = kopt_spec::spec::parse_kernel(
+            "reference = \"k.cu\", a: [rows * cols], b: [rows * cols] tol(rtol = 2e-2), c: [rows + cols], d: [cols], e: [rows * cols], grid = rows, block = 256, shapes = [{ rows: 3, cols: 500 }]"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap()
+        .0;
+        let args = [3, 500];
+        for b in spec.buffers() {
+            let n = match b.name.as_str() {
+                "c" => 503,
+                "d" => 500,
+                _ => 1500,
+            };
+            let dims = kopt_spec::shapes::buffer_dims(&b.len, &spec, &args);
+            let fence = Rule::new(b.dtype, b.effective_tolerance(&spec), n, dims.as_deref());
+            let shadow = kopt_spec::capture::ShadowRule::for_buffer(&spec, b, n, &args);
+            assert_eq!(shadow.row_len, fence.row_len as u64, "{}", b.name);
+            for (want, rms) in [(0.0, 1.0), (3.0, 1.0), (-1e-3, 2e-3), (7.5, 100.0)] {
+                let (x, y) = (shadow.allowed(want, rms), fence.row(rms).allowed(want));
+                assert!(
+                    (x - y).abs() <= 1e-15 * y.abs().max(1.0),
+                    "{}: {x} against {y}",
+                    b.name
+                );
+            }
+        }
     }
 
     #[test]

@@ -216,6 +216,46 @@ pub fn fill_all(
         .collect()
 }
 
+/// Every input buffer of a shape from a program's recorded launch (`KOPT_CAPTURE`), by
+/// parameter order: the safetensors `file`'s tensor of each input's name, of its dtype and
+/// `lens` elements. An error names the file, the buffer and what does not match (a
+/// capture of another annotation is refused before a worker sees it; this catches a file
+/// that was edited or truncated).
+pub fn captured_all(
+    spec: &KernelSpec,
+    lens: &[usize],
+    file: &std::path::Path,
+) -> Result<Vec<Option<Bytes>>, String> {
+    let bytes = std::fs::read(file)
+        .map_err(|e| format!("cannot read the captured inputs {}: {e}", file.display()))?;
+    let (mut tensors, _) = kopt_spec::capture::read_safetensors(&bytes)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    spec.buffers()
+        .zip(lens)
+        .map(|(b, &n)| {
+            if b.direction == kopt_spec::spec::Direction::Out {
+                return Ok(None);
+            }
+            let i = tensors
+                .iter()
+                .position(|t| t.name == b.name)
+                .ok_or_else(|| format!("{} holds no tensor `{}`", file.display(), b.name))?;
+            let t = tensors.swap_remove(i);
+            let elements: u64 = t.shape.iter().product();
+            if t.dtype != b.dtype || elements != n as u64 {
+                return Err(format!(
+                    "{}: `{}` is {} of {elements} elements, the kernel's is {} of {n}",
+                    file.display(),
+                    b.name,
+                    t.dtype.name(),
+                    b.dtype.name()
+                ));
+            }
+            Ok(Some(t.data))
+        })
+        .collect()
+}
+
 /// The poison for outputs: a NaN pattern for floats (a quiet NaN with a payload no
 /// arithmetic produces), `0xA5` bytes for integers. An element a kernel does not write
 /// keeps it and fails the comparison.

@@ -10,8 +10,11 @@
 //! - [`selection`]: which committed variants are usable, and why not;
 //! - [`search_bench`]: the search benchmark's file (landscape, convergence rows), written
 //!   by the search and read by the report;
+//! - [`capture`]: what a program's launchers record with `KOPT_CAPTURE` (a manifest and
+//!   safetensors files), read back by `cargo kopt`;
 //! - [`codegen`]: the macro's expansion.
 
+pub mod capture;
 pub mod codegen;
 pub mod expr;
 pub mod files;

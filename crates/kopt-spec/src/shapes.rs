@@ -19,6 +19,18 @@ pub struct ShapeCase {
     pub held_out: bool,
     /// Timed as well as checked (declared shapes are; held-out ones only checked).
     pub timed: bool,
+    /// Inputs a program's launch recorded (`KOPT_CAPTURE`), used instead of drawn ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured: Option<CapturedInputs>,
+}
+
+/// The recorded inputs of one launch of a captured case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapturedInputs {
+    /// The safetensors file holding its input buffers by name.
+    pub file: std::path::PathBuf,
+    /// How many launches of this case the program made (the bench's weight).
+    pub launches: u64,
 }
 
 impl ShapeCase {
@@ -28,6 +40,7 @@ impl ShapeCase {
             values: shape.values.clone(),
             held_out: false,
             timed: true,
+            captured: None,
         }
     }
 }

@@ -83,6 +83,31 @@ impl DType {
         matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::Bf16)
     }
 
+    /// The unit roundoff of values stored as this type (half the distance from 1 to the
+    /// next value); 0 for integers, which compare exactly.
+    pub fn unit_roundoff(self) -> f64 {
+        match self {
+            DType::F64 => f64::EPSILON / 2.0,
+            DType::F32 => f32::EPSILON as f64 / 2.0,
+            // 2^-10 and 2^-7: the distances from 1 to the next f16 and bf16.
+            DType::F16 => 0.0009765625 / 2.0,
+            DType::Bf16 => 0.0078125 / 2.0,
+            _ => 0.0,
+        }
+    }
+
+    /// The unit roundoff of the arithmetic that produced an output of this type: fp32 for
+    /// fp32, fp16 and bf16 outputs (half-precision kernels accumulate in fp32, and a floor
+    /// from fp16's own roundoff would pass the fp16 accumulation the numeric fence exists
+    /// to reject), fp64 for fp64; 0 for integers.
+    pub fn accumulation_unit_roundoff(self) -> f64 {
+        match self {
+            DType::F64 => f64::EPSILON / 2.0,
+            DType::F32 | DType::F16 | DType::Bf16 => f32::EPSILON as f64 / 2.0,
+            _ => 0.0,
+        }
+    }
+
     /// Whether an element of this type holds the integer `v` exactly: within the range of
     /// an integer type, or with few enough significant bits (and a small enough exponent)
     /// for a float type. Fixed contents (`values(...)`) must arrive as written.

@@ -81,6 +81,8 @@ pub enum Error {
         nvrtc: String,
         driver: String,
     },
+    #[error("kopt's capture or shadow checks: {0}")]
+    Observe(String),
     #[error("`{kernel}` was used from more than {max} CUDA contexts")]
     TooManyContexts { kernel: &'static str, max: usize },
     #[error("CUDA driver error: {0}")]

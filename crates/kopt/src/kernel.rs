@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaStream};
@@ -109,6 +109,9 @@ pub struct Kernel {
     spec: OnceLock<KernelSpec>,
     slots: [Slot; MAX_CONTEXTS],
     init: Mutex<()>,
+    /// Set when a shadow check found a variant diverging from the reference and
+    /// `KOPT_SHADOW_FALLBACK` is on: the reference runs every launch from then on.
+    pub(crate) fell_back: AtomicBool,
 }
 
 struct Slot {
@@ -144,8 +147,12 @@ pub struct Launch<'a> {
     function: &'a CudaFunction,
     kernel: &'static str,
     computed: &'static [ComputedArgDef],
+    /// The kernel, for what a launch does besides launching ([`crate::observe`]).
+    pub(crate) owner: &'static Kernel,
+    /// The scalar arguments it was prepared for (floats as 0).
+    pub(crate) args: &'a [i64],
     /// Which version: `None` for the reference, else its index in `KernelDef::variants`.
-    version: Option<usize>,
+    pub(crate) version: Option<usize>,
     pub variant: &'static str,
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
@@ -190,6 +197,21 @@ impl Launch<'_> {
         params: &mut [*mut c_void],
     ) -> Result<(), Error> {
         stream.context().bind_to_thread().map_err(Error::driver)?;
+        match crate::observe::observer()? {
+            None => self.enqueue(stream, params),
+            Some(o) => o.launch(self, stream, params),
+        }
+    }
+
+    /// Enqueues the kernel alone.
+    ///
+    /// # Safety
+    /// As [`Launch::launch`]; the stream's context is current.
+    pub(crate) unsafe fn enqueue(
+        &self,
+        stream: &CudaStream,
+        params: &mut [*mut c_void],
+    ) -> Result<(), Error> {
         crate::launch_kernel(
             self.function.cu_function(),
             self.grid,
@@ -292,6 +314,7 @@ impl Kernel {
                 }
             }; MAX_CONTEXTS],
             init: Mutex::new(()),
+            fell_back: AtomicBool::new(false),
         }
     }
 
@@ -341,11 +364,40 @@ impl Kernel {
     /// context) and computes its geometry. Allocation-free and lock-free once the
     /// context has been seen.
     #[doc(hidden)]
-    pub fn prepare(&self, stream: &CudaStream, args: &[i64]) -> Result<Launch<'_>, Error> {
+    pub fn prepare<'a>(
+        &'static self,
+        stream: &CudaStream,
+        args: &'a [i64],
+    ) -> Result<Launch<'a>, Error> {
         let loaded = self.loaded(stream)?;
-        let (version, def, function) = match self.pick(loaded, args) {
-            Some((i, def, f)) => (Some(i), def, f),
-            None => (None, &self.def.reference, self.reference(stream, loaded)?),
+        let version = self.pick(loaded, args).map(|(i, _, _)| i);
+        self.launch_of(stream, loaded, version, args)
+    }
+
+    /// The launch of the reference for these arguments, in this stream's context.
+    pub(crate) fn reference_launch<'a>(
+        &'static self,
+        stream: &CudaStream,
+        args: &'a [i64],
+    ) -> Result<Launch<'a>, Error> {
+        let loaded = self.loaded(stream)?;
+        self.launch_of(stream, loaded, None, args)
+    }
+
+    /// The launch of `version` (`None`: the reference) for these arguments.
+    fn launch_of<'a>(
+        &'static self,
+        stream: &CudaStream,
+        loaded: &'static Loaded,
+        version: Option<usize>,
+        args: &'a [i64],
+    ) -> Result<Launch<'a>, Error> {
+        let (def, function) = match version.and_then(|i| {
+            let (f, _) = loaded.variants[i].as_ref()?;
+            Some((&self.def.variants[i], f))
+        }) {
+            Some(found) => found,
+            None => (&self.def.reference, self.reference(stream, loaded)?),
         };
         let dim = |p: &'static [Op], what: &'static str| -> Result<u32, Error> {
             let v = expr::eval(p, args).map_err(|e| Error::Expr {
@@ -401,7 +453,9 @@ impl Kernel {
             function,
             kernel: self.def.name,
             computed: self.computed,
-            version,
+            owner: self,
+            args,
+            version: version.filter(|&i| loaded.variants[i].is_some()),
             variant: def.id,
             grid,
             block,
@@ -416,7 +470,7 @@ impl Kernel {
         loaded: &'a Loaded,
         args: &[i64],
     ) -> Option<(usize, &'a VariantDef, &'a CudaFunction)> {
-        if disabled() {
+        if disabled() || self.fell_back.load(Ordering::Relaxed) {
             return None;
         }
         loaded.order.iter().find_map(|&i| {
@@ -577,6 +631,9 @@ impl Kernel {
         if disabled() {
             return reference(Reason::Disabled);
         }
+        if self.fell_back.load(Ordering::Relaxed) {
+            return reference(Reason::ShadowFallback);
+        }
         let mut missed = Vec::new();
         for i in try_order(self.def.variants, arch, device) {
             let def = &self.def.variants[i];
@@ -706,6 +763,9 @@ pub enum Reason {
     Accepted { region: Option<&'static str> },
     /// `KOPT_DISABLE` is set.
     Disabled,
+    /// A shadow check found the variant diverging from the reference, and
+    /// `KOPT_SHADOW_FALLBACK` made the kernel run the reference for the rest of the process.
+    ShadowFallback,
     /// No variant was accepted for this architecture.
     NoVariant,
     /// Variants exist but none applies: each entry says why (region, stale, corrupt,
@@ -745,6 +805,11 @@ impl fmt::Display for Selection {
                 }
             }
             Reason::Disabled => write!(f, "{}: reference (KOPT_DISABLE is set)", self.kernel),
+            Reason::ShadowFallback => write!(
+                f,
+                "{}: reference (a shadow check found the variant diverging from it, and KOPT_SHADOW_FALLBACK is set: see Kernel::shadow_report)",
+                self.kernel
+            ),
             Reason::NoVariant => write!(
                 f,
                 "{}: reference (no accepted variant for {})",

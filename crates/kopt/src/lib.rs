@@ -59,6 +59,7 @@ pub mod gpu;
 pub mod headers;
 mod kernel;
 mod launch;
+pub mod observe;
 
 pub use compile::{
     compile_cubin, compile_entry, compile_environment, compile_module, compile_native, compile_ptx,

@@ -607,6 +607,7 @@ fn a_naive_softmax_of_hundreds_of_milliseconds_is_measured_not_called_a_hang() {
         values,
         held_out: false,
         timed: true,
+        captured: None,
     }];
     let t0 = std::time::Instant::now();
     let ev = engine.evaluate(&job, &mut |step| {

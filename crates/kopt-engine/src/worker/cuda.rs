@@ -597,8 +597,16 @@ impl CudaBackend {
         let key =
             crate::cache::hash_parts(&[&spec_json, &values, &seed.to_string(), variation.name()]);
         let s = self.stream.clone();
+        let key = match &case.captured {
+            // Recorded inputs are the same for every seed and variation.
+            Some(c) => crate::cache::hash_parts(&[&spec_json, &values, &c.file.to_string_lossy()]),
+            None => key,
+        };
         self.inputs.get_or_fill(key, || {
-            let host = inputs::fill_all(spec, args, elems, seed, variation)?;
+            let host = match &case.captured {
+                Some(c) => inputs::captured_all(spec, elems, &c.file)?,
+                None => inputs::fill_all(spec, args, elems, seed, variation)?,
+            };
             let dev = host
                 .iter()
                 .map(|h| h.as_deref().map(|data| upload(&s, data)).transpose())

@@ -16,6 +16,9 @@
 //! // kopt-fake: crash                   the process aborts
 //! // kopt-fake: delay-ms 40              each evaluation takes 40 ms more (interruption tests)
 //! // kopt-fake: wrong-if TOKEN BUFFER    BUFFER is wrong when the version matches TOKEN
+//! // kopt-fake: wrong-if-input-over IN LIMIT OUT  OUT is wrong in a check whose input
+//! //                                    IN holds an element beyond LIMIT in magnitude
+//! //                                    (drawn, or recorded by KOPT_CAPTURE)
 //! // kopt-fake: time-table TOKEN:F ...   a timing model over defines and options (below)
 //! // kopt-fake: max-active-clusters N   launches with a cluster hold N clusters at once
 //! // kopt-fake: jitter F                the candidate's time is (1 + F) times the model's
@@ -434,6 +437,70 @@ impl Backend for FakeBackend {
                 });
                 continue;
             }
+            // The buffers' declared lengths here; a captured case's inputs load as the GPU
+            // worker loads them (a file that does not match is the shape's error).
+            let lens: Vec<usize> = spec
+                .buffers()
+                .map(|b| {
+                    spec.compile_expr(&b.len, &BTreeMap::new())
+                        .ok()
+                        .and_then(|p| kopt_spec::expr::eval(&p, &args).ok())
+                        .unwrap_or(0)
+                        .max(0) as usize
+                })
+                .collect();
+            let captured = match &case.captured {
+                Some(c) => match crate::inputs::captured_all(spec, &lens, &c.file) {
+                    Ok(host) => Some(host),
+                    Err(e) => {
+                        report.shapes.push(ShapeReport {
+                            label: case.label.clone(),
+                            held_out: case.held_out,
+                            bytes,
+                            flops: None,
+                            error: Some(e),
+                            checks: vec![],
+                            inputs_modified: vec![],
+                            reference: None,
+                            candidate: None,
+                        });
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            // `wrong-if-input-over INPUT LIMIT OUTPUT`: the outputs wrong in a check whose
+            // inputs hold an element of INPUT beyond LIMIT in magnitude.
+            let input_over = |variation: Variation, seed: u64| -> Vec<String> {
+                let rules: Vec<(&String, f64, &String)> = d
+                    .all("wrong-if-input-over")
+                    .filter_map(|w| Some((w.first()?, w.get(1)?.parse().ok()?, w.get(2)?)))
+                    .collect();
+                if rules.is_empty() {
+                    return Vec::new();
+                }
+                let host = match &captured {
+                    Some(h) => h.clone(),
+                    None => match crate::inputs::fill_all(spec, &args, &lens, seed, variation) {
+                        Ok(h) => h,
+                        Err(_) => return Vec::new(),
+                    },
+                };
+                rules
+                    .into_iter()
+                    .filter(|(input, limit, _)| {
+                        spec.buffers().zip(&host).any(|(b, h)| {
+                            &&b.name == input
+                                && h.as_ref().is_some_and(|bytes| {
+                                    (0..bytes.len() / b.dtype.size()).any(|i| {
+                                        crate::inputs::element(b.dtype, bytes, i).abs() > *limit
+                                    })
+                                })
+                        })
+                    })
+                    .map(|(_, _, output)| output.clone())
+                    .collect()
+            };
             let base_us = bytes as f64 / 3000e3 + 3.0;
             let ref_us = launch_ms(&rd)
                 .map(|ms| ms * 1e3)
@@ -525,7 +592,10 @@ impl Backend for FakeBackend {
             }
             let checks = phases
                 .into_iter()
-                .map(|(phase, variation, seed)| CheckReport {
+                .map(|(phase, variation, seed)| {
+                    (phase, variation, seed, input_over(variation, seed))
+                })
+                .map(|(phase, variation, seed, over)| CheckReport {
                     phase,
                     variation,
                     seed,
@@ -555,6 +625,9 @@ impl Backend for FakeBackend {
                                 w.first().is_some_and(|t| matches(&job.candidate, t))
                                     && w.get(1) == Some(&b.name)
                             }) {
+                                wrong_at = Some(0);
+                            }
+                            if over.contains(&b.name) {
                                 wrong_at = Some(0);
                             }
                             let nan = d.all("nan").any(|w| w.first() == Some(&b.name));

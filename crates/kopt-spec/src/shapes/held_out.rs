@@ -300,6 +300,7 @@ impl<'a> Draw<'a> {
             values: s.values,
             held_out: true,
             timed: false,
+            captured: None,
         });
         true
     }
