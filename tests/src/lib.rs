@@ -226,6 +226,56 @@ debug = false
         c
     }
 
+    /// The variant accepted for softmax on sm_90 in this copy.
+    pub fn accepted_softmax(&self) -> String {
+        let text = std::fs::read_to_string(self.krate.join("kopt/softmax/kopt.lock")).unwrap();
+        let lock = kopt_spec::files::LockFile::parse(&text).unwrap();
+        let variant = lock.entries_for("sm_90").next().unwrap().variant.clone();
+        variant
+    }
+
+    /// Makes a copy of softmax's accepted variant, named `name`, with `directives` (the
+    /// fake device's `// kopt-fake: ...` lines) appended to its source, the only variant
+    /// accepted for sm_90 (`revert`, then `pin`: a manual claim for every shape).
+    pub fn pin_softmax_variant(&self, exe: &Path, name: &str, directives: &str) {
+        let accepted_id = self.accepted_softmax();
+        let from = self.krate.join("kopt/softmax").join(&accepted_id);
+        let to = self.krate.join("kopt/softmax").join(name);
+        std::fs::create_dir_all(&to).unwrap();
+        for f in std::fs::read_dir(&from).unwrap().flatten() {
+            // Its verified PTX is the accepted source's, not this one's.
+            if f.file_name() != "kernel.ptx" {
+                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+            }
+        }
+        let edit = |file: &str, from: &str, to_text: &str| {
+            let path = to.join(file);
+            let text = std::fs::read_to_string(&path).unwrap();
+            std::fs::write(&path, text.replace(from, to_text)).unwrap();
+        };
+        edit(
+            "variant.toml",
+            &format!("id = \"{accepted_id}\""),
+            &format!("id = \"{name}\""),
+        );
+        // Its audit record names it too (`pin` refuses one that describes another variant).
+        edit(
+            "rationale.json",
+            &format!("\"variant\": \"{accepted_id}\""),
+            &format!("\"variant\": \"{name}\""),
+        );
+        let cu = to.join("kernel.cu");
+        let text = std::fs::read_to_string(&cu).unwrap();
+        std::fs::write(&cu, format!("{text}\n{directives}\n")).unwrap();
+        for args in [
+            &["revert", "softmax", "--arch", "sm_90"][..],
+            &["pin", "softmax", name, "--arch", "sm_90"],
+        ] {
+            let o = self.kopt_on_fake(exe, args).output().unwrap();
+            assert!(o.status.success(), "{}", crate::text(&o));
+        }
+    }
+
     /// Makes the hand-written `online-vec4` (kept in `kopt/softmax/`) softmax's variant for
     /// sm_90 again, as `cargo kopt pin` records it: a manual claim with the region
     /// `cols % 4 == 0`, the case several tests exercise (the example's accepted softmax

@@ -35,6 +35,9 @@ pub struct Settings {
     pub sanitize: bool,
     pub use_cache: bool,
     pub device: usize,
+    /// A program's recorded launches (`--inputs`): each kept launch of a kernel is a case
+    /// of its jobs, checked on its recorded inputs.
+    pub captured: std::sync::Arc<crate::captured::Captured>,
 }
 
 impl Default for Settings {
@@ -46,6 +49,7 @@ impl Default for Settings {
             sanitize: true,
             use_cache: true,
             device: 0,
+            captured: Default::default(),
         }
     }
 }
@@ -173,6 +177,9 @@ pub fn job(
             held_out_byte_cap(&k.spec),
         ));
     }
+    // A program's own launches, on their recorded inputs: checked, not timed (the bench
+    // times them on its own).
+    shapes.extend(settings.captured.shape_cases(&k.spec, region, false));
     let spec_json = k.spec.canonical_json();
     let base = base_seed(
         salt,
@@ -442,8 +449,10 @@ pub fn bench(
     let ceilings = engine.ceilings(false).ok();
     let judge = Judge::new(ceilings.clone());
     let mut rows = Vec::new();
+    // The captured shapes are timed here, once each, not checked per kept launch.
     let bench_settings = Settings {
         held_out_per_shape: 0,
+        captured: Default::default(),
         ..settings.clone()
     };
     for k in g
@@ -451,10 +460,20 @@ pub fn bench(
         .iter()
         .filter(|k| kernels.is_empty() || kernels.contains(&k.spec.name))
     {
-        // Group the declared shapes by the version that runs them.
+        // Group the declared shapes, then the captured ones, by the version that runs them.
+        let captured = settings.captured.bench_cases(&k.spec);
+        let shapes = k
+            .spec
+            .shapes
+            .iter()
+            .map(|s| (kopt_spec::spec::shape_label(s), k.spec.shape_args(s)))
+            .chain(
+                captured
+                    .iter()
+                    .map(|(c, _)| (c.label.clone(), k.spec.value_args(&c.values))),
+            );
         let mut groups: Vec<(String, KernelVersion, Vec<String>)> = Vec::new();
-        for s in &k.spec.shapes {
-            let args = k.spec.shape_args(s);
+        for (label, args) in shapes {
             let (id, v) =
                 match selection::select(&k.state, &k.spec, &device.arch, Some(&device.name), &args)
                 {
@@ -464,7 +483,6 @@ pub fn bench(
                         KernelVersion::reference(&k.spec, &k.reference.text),
                     ),
                 };
-            let label = kopt_spec::spec::shape_label(s);
             match groups.iter_mut().find(|(gid, _, _)| *gid == id) {
                 Some(gr) => gr.2.push(label),
                 None => groups.push((id, v, vec![label])),
@@ -474,6 +492,18 @@ pub fn bench(
             progress(&format!("{} ({id})", k.spec.name));
             let mut j = job(g, k, v, None, &bench_settings, true);
             j.shapes.retain(|s| labels.contains(&s.label));
+            j.shapes.extend(
+                captured
+                    .iter()
+                    .filter(|(c, _)| labels.contains(&c.label))
+                    .map(|(c, _)| c.clone()),
+            );
+            let launches_of = |label: &str| {
+                captured
+                    .iter()
+                    .find(|(c, _)| c.label == label)
+                    .map(|(_, n)| *n)
+            };
             let ev = engine.evaluate(&j, progress);
             let verdict = judge.judge(&ev.report);
             let problem = (!verdict.accepted).then(|| verdict.summary());
@@ -500,6 +530,7 @@ pub fn bench(
                     bytes: bytes_of(&f.shape),
                     same_size_copy_us: None,
                     same_size_copy_pct: None,
+                    launches: launches_of(&f.shape),
                 });
             }
             if verdict.shapes.is_empty() {
@@ -521,6 +552,7 @@ pub fn bench(
                     bytes: None,
                     same_size_copy_us: None,
                     same_size_copy_pct: None,
+                    launches: None,
                 });
             }
         }

@@ -3,6 +3,8 @@
 //!
 //! - [`error`]: [`Error`], what any of it returns when it fails;
 //! - [`budget`]: the budgets of `optimize` as written on its command line;
+//! - [`captured`]: a program's capture (`KOPT_CAPTURE`) as evaluation cases, and its
+//!   kernels' shares of the program's time;
 //! - [`eval`]: `verify` and `bench` through the engine (jobs, the worker to start, the
 //!   device pool);
 //! - [`optimize`]: the optimisation loop's start (`settle_start`), its evaluator
@@ -17,6 +19,7 @@
 //! observer ([`search::SearchObserver`]), what it finds is returned as data.
 
 pub mod budget;
+pub mod captured;
 pub mod error;
 pub mod eval;
 pub mod loop_record;

@@ -560,11 +560,14 @@ pub fn optimize(g: &Gathered, opts: &Options, progress: &mut dyn FnMut(&str)) ->
             Some(r) => without_run_cases(l, r, &run_id),
             None => l,
         });
-    let kernels: Vec<&Kernel> = g
+    // In the order they were named (a capture's ranking by time share, say), else the
+    // workspace's.
+    let mut kernels: Vec<&Kernel> = g
         .kernels
         .iter()
         .filter(|k| opts.kernels.is_empty() || opts.kernels.contains(&k.spec.name))
         .collect();
+    kernels.sort_by_key(|k| opts.kernels.iter().position(|n| *n == k.spec.name));
     let run_budget = run::RunBudget::new(opts.run_limits.clone());
     if let Some(r) = &record {
         // What the kernels that had finished spent stays spent.

@@ -48,6 +48,55 @@ pub struct BenchRow {
     /// the best a single launch moving its bytes does, launch and latency included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub same_size_copy_pct: Option<f64>,
+    /// For a shape a program launched (`bench --inputs`): how many times it did, the
+    /// weight of this row in the kernel's time in that program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launches: Option<u64>,
+}
+
+/// A kernel's time in a captured program: each captured shape's time weighted by its
+/// launch count, with the reference and with the active versions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightedKernel {
+    pub kernel: String,
+    pub launches: u64,
+    pub reference_ms: f64,
+    pub active_ms: f64,
+}
+
+impl WeightedKernel {
+    pub fn speedup(&self) -> f64 {
+        self.reference_ms / self.active_ms
+    }
+}
+
+impl BenchFile {
+    /// Per kernel with captured shapes timed, its time in the program: the sum over those
+    /// shapes of launches times the time per launch.
+    pub fn weighted(&self) -> Vec<WeightedKernel> {
+        let mut out: Vec<WeightedKernel> = Vec::new();
+        for r in self.rows.iter().filter(|r| r.problem.is_none()) {
+            let (Some(n), Some(rt), Some(at)) = (r.launches, r.reference_us, r.active_us) else {
+                continue;
+            };
+            let w = match out.iter_mut().find(|w| w.kernel == r.kernel) {
+                Some(w) => w,
+                None => {
+                    out.push(WeightedKernel {
+                        kernel: r.kernel.clone(),
+                        launches: 0,
+                        reference_ms: 0.0,
+                        active_ms: 0.0,
+                    });
+                    out.last_mut().expect("just pushed")
+                }
+            };
+            w.launches += n;
+            w.reference_ms += n as f64 * rt / 1e3;
+            w.active_ms += n as f64 * at / 1e3;
+        }
+        out
+    }
 }
 
 impl BenchRow {

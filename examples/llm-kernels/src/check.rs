@@ -79,6 +79,7 @@ pub fn ran(k: &Kernel, stream: &CudaStream, args: &[i64]) -> Res<String> {
     Ok(match &s.reason {
         Reason::Accepted { .. } => format!("{} ({})", s.variant, s.key()),
         Reason::Disabled => "reference (KOPT_DISABLE)".into(),
+        Reason::ShadowFallback => "reference (fell back after a shadow check)".into(),
         Reason::NotApplicable(why) => format!("reference ({}; {})", s.arch, why.join("; ")),
         Reason::NoVariant => format!("reference ({})", s.arch),
     })

@@ -8,7 +8,7 @@ use kopt_loop::eval;
 use kopt_workspace::gather::Gathered;
 use kopt_workspace::partition;
 
-use super::{check_names, print_json, progress_bar, EvalArgs, PartitionArg};
+use super::{check_names, print_json, progress_bar, EvalArgs, InputsArg, PartitionArg};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -17,12 +17,15 @@ pub struct BenchArgs {
     pub eval: EvalArgs,
     #[command(flatten)]
     pub partition: PartitionArg,
+    #[command(flatten)]
+    pub inputs: InputsArg,
 }
 
 pub fn run(a: BenchArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode, String> {
     check_names(&gathered, &a.kernels)?;
     partition::select(&mut gathered, a.partition.partition.as_ref());
-    let settings = a.eval.settings();
+    let mut settings = a.eval.settings();
+    a.inputs.load(&gathered, &mut settings)?;
     let mut engine = eval::engine(&gathered, &settings).map_err(|e| e.to_string())?;
     engine.worker.step_timeout = std::time::Duration::from_secs(a.eval.step_timeout);
     let bar = progress_bar(json);

@@ -202,6 +202,58 @@ impl EvalArgs {
     }
 }
 
+/// A program's recorded launches, for `verify`, `bench` and `optimize`.
+#[derive(Args, Clone)]
+pub struct InputsArg {
+    /// A capture of the program's own launches (the folder `KOPT_CAPTURE` named when it
+    /// ran): each kept launch's recorded inputs join the numeric checks against the
+    /// reference, and the bench times each captured shape and weighs it by its launch
+    /// count. A capture made with another annotation than today's is refused.
+    #[arg(long, value_name = "DIR")]
+    pub inputs: Option<std::path::PathBuf>,
+}
+
+impl InputsArg {
+    /// The capture, loaded into `settings` (nothing without `--inputs`); the captured
+    /// shapes no declared shape covers are said on stderr with the line to add them.
+    pub fn load(
+        &self,
+        g: &Gathered,
+        settings: &mut eval::Settings,
+    ) -> Result<Option<std::sync::Arc<kopt_loop::captured::Captured>>, String> {
+        let Some(dir) = &self.inputs else {
+            return Ok(None);
+        };
+        let captured = kopt_loop::captured::Captured::load(g, dir).map_err(|e| e.to_string())?;
+        if captured.is_empty() {
+            return Err(format!(
+                "{} holds no launch of this workspace's annotated kernels{}",
+                dir.display(),
+                if captured.unknown.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (it has {})", captured.unknown.join(", "))
+                }
+            ));
+        }
+        for u in captured.uncovered(g) {
+            eprintln!(
+                "note: `{}` was launched on {} ({} launches{}), which no declared shape covers; to time it too: {}",
+                u.kernel,
+                u.case,
+                u.launches,
+                u.share_pct
+                    .map(|p| format!(", {p:.1}% of its captured time"))
+                    .unwrap_or_default(),
+                u.annotation
+            );
+        }
+        let captured = std::sync::Arc::new(captured);
+        settings.captured = captured.clone();
+        Ok(Some(captured))
+    }
+}
+
 pub fn check_names(g: &Gathered, names: &[String]) -> Result<(), String> {
     for n in names {
         commands::find(g, n).map_err(|e| e.to_string())?;

@@ -8,7 +8,7 @@ use kopt_loop::{budget, eval};
 use kopt_workspace::gather::Gathered;
 use kopt_workspace::partition;
 
-use super::{check_names, print_json, progress_bar, EvalArgs, PartitionArg, WinArgs};
+use super::{check_names, print_json, progress_bar, EvalArgs, InputsArg, PartitionArg, WinArgs};
 
 #[derive(Args)]
 pub struct OptimizeArgs {
@@ -68,22 +68,54 @@ pub struct OptimizeArgs {
     pub partition: PartitionArg,
     #[command(flatten)]
     pub eval: EvalArgs,
+    /// A capture of the program's own launches (see `verify --inputs`): its kept launches
+    /// join every candidate's numeric checks; without kernel names, the kernels the
+    /// program launched are optimised in the order of their share of its kernel time.
+    #[command(flatten)]
+    pub inputs: InputsArg,
 }
 
 pub fn run(a: OptimizeArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode, String> {
     check_names(&gathered, &a.kernels)?;
     partition::select(&mut gathered, a.partition.partition.as_ref());
+    let mut settings = eval::Settings {
+        sanitize: !a.no_sanitize,
+        ..a.eval.settings()
+    };
+    let mut kernels = a.kernels;
+    if let Some(dir) = &a.inputs.inputs {
+        a.inputs.load(&gathered, &mut settings)?;
+        if kernels.is_empty() {
+            let runs = kopt_spec::capture::load(dir)?;
+            let ranked: Vec<_> = kopt_loop::captured::time_shares(&runs)
+                .into_iter()
+                .filter(|s| {
+                    gathered
+                        .kernels
+                        .iter()
+                        .any(|k| k.spec.name == s.kernel && k.package == s.krate)
+                })
+                .collect();
+            eprintln!(
+                "optimising the kernels {} launched, by their share of its kernel time: {}",
+                dir.display(),
+                ranked
+                    .iter()
+                    .map(|s| format!("{} {:.1}%", s.kernel, s.share_pct))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            kernels = ranked.into_iter().map(|s| s.kernel).collect();
+        }
+    }
     let opts = kopt_loop::optimize::Options {
-        kernels: a.kernels,
+        kernels,
         agent: a.agent,
         reviewer: a.reviewer,
         budget: budget::parse_budget(a.budget.as_deref()).map_err(|e| e.to_string())?,
         hint: a.hint,
         context_tokens: a.context_tokens,
-        settings: eval::Settings {
-            sanitize: !a.no_sanitize,
-            ..a.eval.settings()
-        },
+        settings,
         resume: a.resume.is_some(),
         run_id: a.run.or(a.resume),
         ncu: kopt_profile::collect::NcuChoice {

@@ -13,7 +13,14 @@ use super::{print_json, progress_bar};
 
 #[derive(Args)]
 pub struct ProfileArgs {
-    pub kernel: String,
+    /// The kernel whose bottleneck snapshot to take (or `--program`).
+    #[arg(required_unless_present = "program")]
+    pub kernel: Option<String>,
+    /// Instead of one kernel's snapshot: where a program's kernel time goes, from its
+    /// capture (the folder `KOPT_CAPTURE` named when it ran): the annotated kernels ranked
+    /// by their share of the program's estimated GPU time. No GPU needed.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "shape", "variant"])]
+    pub program: Option<PathBuf>,
     /// A declared shape, by index or label (default: the first).
     #[arg(long, value_name = "INDEX|LABEL")]
     pub shape: Option<String>,
@@ -47,8 +54,11 @@ pub struct ProfileArgs {
 }
 
 pub fn run(a: ProfileArgs, gathered: Gathered, json: bool) -> Result<ExitCode, String> {
+    if let Some(dir) = &a.program {
+        return program(dir, &gathered, json);
+    }
     let options = kopt_loop::profile::Options {
-        kernel: a.kernel,
+        kernel: a.kernel.expect("clap requires a kernel without --program"),
         shape: a.shape,
         variant: a.variant,
         device: a.device,
@@ -81,4 +91,24 @@ pub fn run(a: ProfileArgs, gathered: Gathered, json: bool) -> Result<ExitCode, S
         );
     }
     Ok(ExitCode::from(outcome.exit_code()))
+}
+
+/// `profile --program DIR`: the annotated kernels of a capture by their share of the
+/// program's kernel time.
+fn program(dir: &std::path::Path, g: &Gathered, json: bool) -> Result<ExitCode, String> {
+    let runs = kopt_spec::capture::load(dir)?;
+    let shares = kopt_loop::captured::time_shares(&runs);
+    let uncovered = kopt_loop::captured::Captured::load(g, dir)
+        .map(|c| c.uncovered(g))
+        .unwrap_or_default();
+    if json {
+        print_json(&serde_json::json!({
+            "captures": runs.iter().map(|r| r.dir.display().to_string()).collect::<Vec<_>>(),
+            "kernels": shares,
+            "uncovered": uncovered,
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    cargo_kopt::render::program_time(&runs, &shares, &uncovered);
+    Ok(ExitCode::SUCCESS)
 }

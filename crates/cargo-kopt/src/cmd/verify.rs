@@ -8,7 +8,7 @@ use kopt_loop::eval;
 use kopt_workspace::gather::Gathered;
 use kopt_workspace::partition;
 
-use super::{check_names, print_json, progress_bar, EvalArgs, PartitionArg};
+use super::{check_names, print_json, progress_bar, EvalArgs, InputsArg, PartitionArg};
 
 #[derive(Args)]
 pub struct VerifyArgs {
@@ -29,6 +29,8 @@ pub struct VerifyArgs {
     /// keep that PTX with it (its kernel.ptx, recorded in the lock) when it passes.
     #[arg(long)]
     pub keep_ptx: bool,
+    #[command(flatten)]
+    pub inputs: InputsArg,
 }
 
 pub fn run(a: VerifyArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode, String> {
@@ -36,6 +38,7 @@ pub fn run(a: VerifyArgs, mut gathered: Gathered, json: bool) -> Result<ExitCode
     partition::select(&mut gathered, a.partition.partition.as_ref());
     let mut settings = a.eval.settings();
     settings.sanitize = !a.no_sanitize;
+    a.inputs.load(&gathered, &mut settings)?;
     let mut pool =
         eval::pool(&gathered, &settings, a.devices.as_ref()).map_err(|e| e.to_string())?;
     for (_, engine) in pool.engines_mut() {

@@ -320,6 +320,24 @@ pub fn bench(file: &BenchFile) {
         );
     }
     let _ = write!(out, "{}", bench_methods(rows));
+    let weighted = file.weighted();
+    if !weighted.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nin the captured program (each captured shape's time per launch times its launches):"
+        );
+        let mut t = Table::new(&["kernel", "launches", "reference", "active", "speedup"]);
+        for w in &weighted {
+            t.row(vec![
+                (w.kernel.clone(), Style::new().bold()),
+                (w.launches.to_string(), Style::new()),
+                (time_cell(w.reference_ms * 1e3), Style::new()),
+                (time_cell(w.active_ms * 1e3), Style::new()),
+                (format!("{:.2}x", w.speedup()), Style::new()),
+            ]);
+        }
+        let _ = write!(out, "{}", t.render());
+    }
     if let Some(m) = file.memory_bound_summary() {
         let _ = writeln!(out, "{}", m.describe());
     }
@@ -551,6 +569,83 @@ pub fn compile_check(c: &kopt_workspace::compile_check::CompileCheck) -> String 
     out
 }
 
+/// `profile --program`: where a captured program's kernel time goes, then the captured
+/// shapes no declared shape covers.
+pub fn program_time(
+    runs: &[kopt_spec::capture::CaptureRun],
+    shares: &[kopt_loop::captured::TimeShare],
+    uncovered: &[kopt_loop::captured::Uncovered],
+) {
+    let mut out = anstream::stdout();
+    let m = &runs[0].manifest;
+    let launches: u64 = shares.iter().map(|s| s.launches).sum();
+    let total_us: f64 = shares.iter().map(|s| s.total_us).sum();
+    let _ = writeln!(
+        out,
+        "{} on {} ({}): {} process(es), {launches} launches of annotated kernels, {} of GPU time (sampled)\n",
+        m.program,
+        m.device,
+        m.arch,
+        runs.len(),
+        time_cell(total_us)
+    );
+    let mut t = Table::new(&[
+        "kernel",
+        "share",
+        "GPU time",
+        "launches",
+        "shapes",
+        "mean µs",
+        "costliest shape",
+        "ran",
+    ]);
+    for s in shares {
+        t.row(vec![
+            (s.kernel.clone(), Style::new().bold()),
+            (format!("{:.1}%", s.share_pct), Style::new()),
+            (time_cell(s.total_us), Style::new()),
+            (s.launches.to_string(), Style::new()),
+            (s.cases.to_string(), Style::new()),
+            (
+                if s.launches > 0 && s.total_us > 0.0 {
+                    format!("{:.2}", s.total_us / s.launches as f64)
+                } else {
+                    "–".into()
+                },
+                Style::new(),
+            ),
+            (
+                s.top_case
+                    .as_ref()
+                    .map(|(c, p)| format!("{c} ({p:.0}%)"))
+                    .unwrap_or_default(),
+                Style::new(),
+            ),
+            (
+                s.versions
+                    .iter()
+                    .map(|(v, n)| format!("{v} x{n}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Style::new(),
+            ),
+        ]);
+    }
+    let _ = write!(out, "{}", t.render());
+    for u in uncovered {
+        let _ = writeln!(
+            out,
+            "{}`{}` ran {} ({} launches), which no declared shape covers: {}{:#}",
+            crate::style::dim(),
+            u.kernel,
+            u.case,
+            u.launches,
+            u.annotation,
+            crate::style::dim()
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -586,6 +681,7 @@ mod tests {
             bytes: None,
             same_size_copy_us: None,
             same_size_copy_pct: None,
+            launches: None,
         };
         let graph = "graph of 32 launches over 1 input set(s), L2 cold";
         let alone = "each launch timed alone between events over 1 input set(s), L2 cold";

@@ -204,13 +204,6 @@ fn optimize_softmax(
 
 /// The example's variant of softmax accepted for sm_90, read from its lock file (the tests
 /// follow the committed examples rather than naming a variant).
-fn accepted_softmax(ws: &kopt_tests::ExampleWorkspace) -> String {
-    let text = std::fs::read_to_string(ws.krate.join("kopt/softmax/kopt.lock")).unwrap();
-    let lock = kopt_spec::files::LockFile::parse(&text).unwrap();
-    let entry = lock.entries_for("sm_90").next().unwrap();
-    entry.variant.clone()
-}
-
 /// `cargo kopt ARGS` on the fake device, in a workspace copy, to completion.
 fn kopt_on_fake(ws: &kopt_tests::ExampleWorkspace, args: &[&str]) -> std::process::Output {
     ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
@@ -959,42 +952,11 @@ fn the_loop_starts_from_the_accepted_variant_and_a_candidate_must_beat_it() {
     let s = setup();
     let run = |args: &[&str]| kopt_on_fake(&ws, args);
     // An accepted variant 1.2x faster than the reference on the fake device.
-    let accepted_id = accepted_softmax(&ws);
-    let accepted = ws.krate.join("kopt/softmax").join(&accepted_id);
-    let fast = ws.krate.join("kopt/softmax/fast");
-    std::fs::create_dir_all(&fast).unwrap();
-    for f in std::fs::read_dir(&accepted).unwrap().flatten() {
-        std::fs::copy(f.path(), fast.join(f.file_name())).unwrap();
-    }
-    let toml = fast.join("variant.toml");
-    let text = std::fs::read_to_string(&toml).unwrap();
-    std::fs::write(
-        &toml,
-        text.replace(&format!("id = \"{accepted_id}\""), "id = \"fast\""),
-    )
-    .unwrap();
-    let cu = fast.join("kernel.cu");
-    let text = std::fs::read_to_string(&cu).unwrap();
-    std::fs::write(&cu, format!("{text}\n// kopt-fake: speedup 1.2\n")).unwrap();
-    // Its audit record names it too (`pin` refuses one that describes another variant).
-    let json = fast.join("rationale.json");
-    let text = std::fs::read_to_string(&json).unwrap();
-    std::fs::write(
-        &json,
-        text.replace(
-            &format!("\"variant\": \"{accepted_id}\""),
-            "\"variant\": \"fast\"",
-        ),
-    )
-    .unwrap();
-    for args in [
-        &["revert", "softmax", "--arch", "sm_90"][..],
-        &["pin", "softmax", "fast", "--arch", "sm_90"],
-    ] {
-        let o = run(args);
-        assert!(o.status.success(), "{}", kopt_tests::text(&o));
-    }
-
+    ws.pin_softmax_variant(
+        Path::new(env!("CARGO_BIN_EXE_cargo-kopt")),
+        "fast",
+        "// kopt-fake: speedup 1.2",
+    );
     // 1.1x the reference: faster than the reference, slower than the accepted variant.
     let slower = scripted_agent(&ws, &proposal(&s.source("// kopt-fake: speedup 1.1")));
     let optimize = |agent: &str, run_id: &str, more: &[&str]| {
@@ -1160,7 +1122,7 @@ fn a_win_must_clear_the_timing_noise_measured_in_the_run() {
     // two jobs, and 4.5% is a win.
     let (v, journal) = optimize("quiet");
     let k = &v["kernels"][0];
-    assert_eq!(k["noise"]["version"], accepted_softmax(&ws).as_str(), "{v}");
+    assert_eq!(k["noise"]["version"], ws.accepted_softmax().as_str(), "{v}");
     assert!(k["noise"]["deviations"]
         .as_object()
         .unwrap()

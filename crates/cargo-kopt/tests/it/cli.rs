@@ -806,15 +806,6 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// The variant softmax's lock accepts for sm_90 in the example.
-fn accepted_softmax(ws: &ExampleWorkspace) -> String {
-    kopt_spec::files::LockFile::parse(&ws.read("kopt/softmax/kopt.lock"))
-        .unwrap()
-        .accepted[0]
-        .variant
-        .clone()
-}
-
 #[test]
 fn pin_without_an_audit_record_is_refused_up_front_with_what_to_write() {
     use kopt_spec::files::{ClaimedFiles, Rationale, VerifiedBy};
@@ -897,7 +888,7 @@ fn an_edited_superseded_variant_fails_check_and_revert_to_refuses_it() {
     let ws = ExampleWorkspace::new();
     let lock = ws.read("kopt/softmax/kopt.lock");
     // `online-vec4` is superseded in the example: the lock no longer pins its files.
-    assert_ne!(accepted_softmax(&ws), "online-vec4");
+    assert_ne!(ws.accepted_softmax(), "online-vec4");
     for file in ["kernel.cu", "variant.toml"] {
         let path = format!("kopt/softmax/online-vec4/{file}");
         let original = ws.read(&path);
@@ -945,7 +936,7 @@ fn an_edited_superseded_variant_fails_check_and_revert_to_refuses_it() {
 fn check_fails_on_a_lock_entry_whose_evidence_came_from_the_fake_device() {
     use kopt_spec::files::{Rationale, FAKE_DEVICE_NAME};
     let ws = ExampleWorkspace::new();
-    let v = accepted_softmax(&ws);
+    let v = ws.accepted_softmax();
     let json = format!("kopt/softmax/{v}/rationale.json");
     let mut r = Rationale::parse(&ws.read(&json)).unwrap();
     r.provenance.device = format!("{FAKE_DEVICE_NAME} (sm_90)");
@@ -977,7 +968,7 @@ fn check_fails_on_a_lock_entry_whose_evidence_came_from_the_fake_device() {
 fn gc_lists_then_deletes_unreferenced_folders_and_check_passes_after() {
     let ws = ExampleWorkspace::new();
     // The loop's softmax winner is superseded once `online-vec4` is pinned instead.
-    let superseded = accepted_softmax(&ws);
+    let superseded = ws.accepted_softmax();
     ws.pin_online_vec4(std::path::Path::new(env!("CARGO_BIN_EXE_cargo-kopt")));
     // A hand-made variant nobody accepted yet.
     std::fs::create_dir_all(ws.path("kopt/softmax/mine")).unwrap();

@@ -3,6 +3,7 @@
 //! its whole process) and `book.rs` (`cargo test --test book`) are binaries of their own.
 
 mod agent_loop;
+mod capture_cli;
 mod cli;
 mod engine;
 mod gpu_catalogue;
