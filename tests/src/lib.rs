@@ -212,12 +212,19 @@ debug = false
     /// `CARGO_BIN_EXE_cargo-kopt`) with the fake worker, and the evaluation cache and case
     /// library kept inside the scratch folder.
     pub fn kopt_on_fake(&self, exe: &Path, args: &[&str]) -> Command {
+        let mut c = self.kopt_on_gpu(exe, args);
+        c.env("KOPT_WORKER", "fake");
+        c
+    }
+
+    /// [`ExampleWorkspace::kopt_on_fake`] on the machine's GPU (for GPU tests).
+    pub fn kopt_on_gpu(&self, exe: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(exe);
         c.arg("kopt")
             .args(args)
             .arg("--manifest-path")
             .arg(self.manifest())
-            .env("KOPT_WORKER", "fake")
+            .env_remove("KOPT_WORKER")
             // The scratch workspace's own target folder holds its runs and pending area,
             // where the tests look, whatever target folder the test build itself uses.
             .env_remove("CARGO_TARGET_DIR")
@@ -238,6 +245,16 @@ debug = false
     /// fake device's `// kopt-fake: ...` lines) appended to its source, the only variant
     /// accepted for sm_90 (`revert`, then `pin`: a manual claim for every shape).
     pub fn pin_softmax_variant(&self, exe: &Path, name: &str, directives: &str) {
+        self.pin_softmax_variant_with(exe, name, |dir| {
+            let cu = dir.join("kernel.cu");
+            let text = std::fs::read_to_string(&cu).unwrap();
+            std::fs::write(&cu, format!("{text}\n{directives}\n")).unwrap();
+        });
+    }
+
+    /// [`ExampleWorkspace::pin_softmax_variant`] with the variant's folder changed by
+    /// `edit` (its `kernel.cu`, its `variant.toml`) before it is pinned.
+    pub fn pin_softmax_variant_with(&self, exe: &Path, name: &str, edit: impl Fn(&Path)) {
         let accepted_id = self.accepted_softmax();
         let from = self.krate.join("kopt/softmax").join(&accepted_id);
         let to = self.krate.join("kopt/softmax").join(name);
@@ -248,25 +265,23 @@ debug = false
                 std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
             }
         }
-        let edit = |file: &str, from: &str, to_text: &str| {
+        let rename_in = |file: &str, from: &str, to_text: &str| {
             let path = to.join(file);
             let text = std::fs::read_to_string(&path).unwrap();
             std::fs::write(&path, text.replace(from, to_text)).unwrap();
         };
-        edit(
+        rename_in(
             "variant.toml",
             &format!("id = \"{accepted_id}\""),
             &format!("id = \"{name}\""),
         );
         // Its audit record names it too (`pin` refuses one that describes another variant).
-        edit(
+        rename_in(
             "rationale.json",
             &format!("\"variant\": \"{accepted_id}\""),
             &format!("\"variant\": \"{name}\""),
         );
-        let cu = to.join("kernel.cu");
-        let text = std::fs::read_to_string(&cu).unwrap();
-        std::fs::write(&cu, format!("{text}\n{directives}\n")).unwrap();
+        edit(&to);
         for args in [
             &["revert", "softmax", "--arch", "sm_90"][..],
             &["pin", "softmax", name, "--arch", "sm_90"],

@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod cpu;
+pub mod decode;
 
 use kopt::prelude::*;
 

@@ -5,7 +5,11 @@
 //! llm-kernels explain [--arch A] [--device NAME]
 //!                                  which version runs for each declared shape (no GPU)
 //! llm-kernels bench [--launches N] launcher overhead and per-shape times (GPU)
+//! llm-kernels overhead [--launches N]
+//!                                  launcher overhead only (GPU)
 //! llm-kernels first-launch         per kernel, the first launch's load time (GPU)
+//! llm-kernels decode [--steps N]   a decode step on inputs with real activations'
+//!                                  structure, every kernel launched (GPU; see decode.rs)
 //! ```
 
 use std::process::ExitCode;
@@ -32,13 +36,22 @@ fn main() -> ExitCode {
             );
             Ok(true)
         }
-        "run" | "bench" | "first-launch" => match kopt::gpu::missing() {
+        "run" | "bench" | "overhead" | "first-launch" | "decode" => match kopt::gpu::missing() {
             Some(why) => {
                 eprintln!("llm-kernels: {why}");
                 return ExitCode::from(2);
             }
             None if cmd == "run" => run(),
             None if cmd == "first-launch" => first_launch(),
+            None if cmd == "decode" => {
+                llm_kernels::decode::run(flag("--steps").and_then(|v| v.parse().ok()).unwrap_or(4))
+            }
+            None if cmd == "overhead" => overhead(
+                flag("--launches")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(20_000),
+            )
+            .map(|_| true),
             None => bench(
                 flag("--launches")
                     .and_then(|v| v.parse().ok())
@@ -47,7 +60,7 @@ fn main() -> ExitCode {
         },
         other => {
             eprintln!(
-                "llm-kernels: unknown command `{other}`; use run, explain, bench or first-launch"
+                "llm-kernels: unknown command `{other}`; use run, explain, bench, overhead, first-launch or decode"
             );
             return ExitCode::from(2);
         }
@@ -142,12 +155,26 @@ fn first_launch() -> Res<bool> {
     Ok(true)
 }
 
-/// Launcher overhead per call against a hand-written cudarc launch of the same kernel,
-/// then per-shape times of softmax (the kernel with a shipped variant).
-fn bench(launches: usize) -> Res<bool> {
+/// Launcher overhead per call against a hand-written cudarc launch of the same kernel
+/// (softmax at 1 x 32, whose accepted variant runs), as the host times the calls: what
+/// `KOPT_CAPTURE` and `KOPT_SHADOW` add is measured by running it with them set. Returns
+/// the medians (hand-written, generated), µs.
+fn overhead(launches: usize) -> Res<(f64, f64)> {
     let ctx = CudaContext::new(0)?;
     let stream = ctx.default_stream();
     println!("device: {}", ctx.name()?);
+    let set: Vec<String> = [kopt::observe::CAPTURE, kopt::observe::SHADOW]
+        .iter()
+        .filter_map(|v| Some(format!("{v}={}", std::env::var(v).ok()?)))
+        .collect();
+    println!(
+        "observation: {}",
+        if set.is_empty() {
+            "none (KOPT_CAPTURE and KOPT_SHADOW unset)".to_string()
+        } else {
+            set.join(", ")
+        }
+    );
 
     // Hand-written: the same reference source, compiled the same way, launched with
     // cudarc's launch builder, as a crate without kopt would.
@@ -214,7 +241,15 @@ fn bench(launches: usize) -> Res<bool> {
     println!("{:<34} {:>10.3}", "hand-written cudarc launch_builder", h);
     println!("{:<34} {:>10.3}", "kopt generated launcher", g);
     println!("{:<34} {:>10.3}", "difference (kopt - hand-written)", g - h);
+    kopt::observe::flush()?;
+    Ok((h, g))
+}
 
+/// [`overhead`], then per-shape times of softmax (the kernel with a shipped variant).
+fn bench(launches: usize) -> Res<bool> {
+    overhead(launches)?;
+    let ctx = CudaContext::new(0)?;
+    let stream = ctx.default_stream();
     // Per-shape device time of softmax, CUDA events, L2 flushed before each sample.
     let flush_len = 2 * ctx.attribute(
         kopt::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,

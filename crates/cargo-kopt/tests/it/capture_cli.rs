@@ -371,3 +371,69 @@ fn profile_program_ranks_the_kernels_by_their_share_of_the_programs_time() {
     assert!(rms < soft, "ranked by share: {out}");
     assert!(out.contains("92.3%"), "{out}");
 }
+
+/// softmax as the reference computes it, without subtracting the row's maximum: right on
+/// rows of N(0, 1), infinite `exp` (NaN outputs) on a logit of 100.
+const NO_MAX_SOFTMAX: &str = r#"extern "C" __global__ void softmax_f32(const float* __restrict__ x, float* __restrict__ y,
+                                       unsigned int rows, unsigned int cols) {
+    __shared__ float part[256];
+    const unsigned int row = blockIdx.x;
+    if (row >= rows) return;
+    const float* xr = x + (size_t)row * cols;
+    float* yr = y + (size_t)row * cols;
+    float s = 0.0f;
+    for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) s += __expf(xr[c]);
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned int h = blockDim.x / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) part[threadIdx.x] += part[threadIdx.x + h];
+        __syncthreads();
+    }
+    const float inv = 1.0f / part[0];
+    for (unsigned int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = __expf(xr[c]) * inv;
+}
+"#;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn on_the_gpu_a_variant_right_on_drawn_rows_passes_verify_and_fails_on_the_programs_peaked_rows() {
+    if !kopt::gpu::available_for_test() {
+        return;
+    }
+    let exe = Path::new(env!("CARGO_BIN_EXE_cargo-kopt"));
+    let ws = ExampleWorkspace::new();
+    ws.pin_softmax_variant_with(exe, "no-max", |dir| {
+        std::fs::write(dir.join("kernel.cu"), NO_MAX_SOFTMAX).unwrap();
+        std::fs::write(
+            dir.join("variant.toml"),
+            "format = 1\nkernel = \"softmax\"\nid = \"no-max\"\nentry = \"softmax_f32\"\noptions = []\n\n[launch]\ngrid = [\"rows\", \"1\", \"1\"]\nblock = [\"256\", \"1\", \"1\"]\nsmem = \"0\"\n",
+        )
+        .unwrap();
+    });
+    let gpu = |args: &[&str]| ws.kopt_on_gpu(exe, args).output().unwrap();
+    let o = gpu(&["verify", "softmax", "--no-sanitize"]);
+    assert!(
+        o.status.success(),
+        "right on drawn rows: {}",
+        kopt_tests::text(&o)
+    );
+
+    // The program's logits: peaked rows, one logit of 100 in each.
+    let hash = spec_hash(&ws, "softmax");
+    let dir = ws.root.join("capture");
+    softmax_capture(&ws, &dir, 100.0, &hash);
+    let o = gpu(&[
+        "verify",
+        "softmax",
+        "--no-sanitize",
+        "--inputs",
+        dir.to_str().unwrap(),
+    ]);
+    let out = kopt_tests::text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("cols=4096 rows=8 (captured: launch 1 of decode-app)"),
+        "{out}"
+    );
+    assert!(out.contains("NaN/Inf"), "{out}");
+}
