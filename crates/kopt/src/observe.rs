@@ -240,7 +240,7 @@ impl Observer {
         // Capture: the case, its inputs, and whether this launch is timed.
         let mut timed = None;
         if let Some(c) = &self.capture {
-            let scalars = scalar_values(spec, params);
+            let scalars = scalar_values(spec, l.args, params);
             let key: Vec<u64> = scalars.iter().map(|(_, v)| number_bits(*v)).collect();
             let case = st.case_index(k, &key, &scalars);
             let n = {
@@ -319,33 +319,50 @@ fn number_bits(n: Number) -> u64 {
     }
 }
 
-/// Every launcher scalar of this launch, by name, read from the kernel's parameters.
+/// Every launcher scalar of this launch, by name: the integers as the launcher received
+/// them (`args`, which holds sizes that are no kernel argument too, such as a row count
+/// that only sets the grid), the floats read from the kernel's parameters (0 for a float
+/// the kernel is not passed).
 ///
 /// # Safety
 /// `params` holds the kernel's arguments in [`KernelSpec::kernel_args`] order.
 unsafe fn scalar_values(
     spec: &kopt_spec::KernelSpec,
+    args: &[i64],
     params: &[*mut c_void],
 ) -> Vec<(String, Number)> {
-    spec.kernel_args()
-        .into_iter()
-        .zip(params)
-        .filter_map(|(a, p)| match a {
-            KernelArgRef::Scalar { def, .. } => Some((def.name.clone(), read_scalar(def.ty, *p))),
-            _ => None,
+    let kernel_args = spec.kernel_args();
+    spec.scalars()
+        .zip(args)
+        .map(|(s, &v)| {
+            let value = if s.ty.is_float() {
+                kernel_args
+                    .iter()
+                    .zip(params)
+                    .find_map(|(a, p)| match a {
+                        KernelArgRef::Scalar { def, .. } if def.name == s.name => {
+                            Some(read_float(def.ty, *p))
+                        }
+                        _ => None,
+                    })
+                    .unwrap_or(Number::Float(0.0))
+            } else {
+                Number::Int(v)
+            };
+            (s.name.clone(), value)
         })
         .collect()
 }
 
-unsafe fn read_scalar(ty: ScalarTy, p: *mut c_void) -> Number {
+/// A float argument: an `f32` as the shortest decimal that reads back as it (`1e-5`, not
+/// `9.99999974737875e-6`), the value a shape would declare.
+unsafe fn read_float(ty: ScalarTy, p: *mut c_void) -> Number {
     match ty {
-        ScalarTy::I32 => Number::Int(*(p as *const i32) as i64),
-        ScalarTy::U32 => Number::Int(*(p as *const u32) as i64),
-        ScalarTy::I64 => Number::Int(*(p as *const i64)),
-        ScalarTy::U64 => Number::Int(*(p as *const u64) as i64),
-        ScalarTy::Usize => Number::Int(*(p as *const usize) as i64),
-        ScalarTy::F32 => Number::Float(*(p as *const f32) as f64),
-        ScalarTy::F64 => Number::Float(*(p as *const f64)),
+        ScalarTy::F32 => {
+            let v = *(p as *const f32);
+            Number::Float(format!("{v}").parse().unwrap_or(v as f64))
+        }
+        _ => Number::Float(*(p as *const f64)),
     }
 }
 
@@ -396,6 +413,8 @@ struct State {
     comparers: Vec<(usize, Arc<Comparers>)>,
     /// Device results buffers no check uses, per context.
     result_pool: Vec<(usize, DeviceBuf)>,
+    /// Pinned host results no check uses (pinning memory is slow: each is reused).
+    host_pool: Vec<HostResults>,
 }
 
 struct KernelState {
@@ -416,7 +435,8 @@ struct ShadowState {
     checks: u64,
     divergences: u64,
     first: Vec<Divergence>,
-    /// Scratch outputs and in-out copies, per context: (context, buffers).
+    /// Scratch outputs and in-out copies, per stream (checks on one stream run in order;
+    /// two streams must not share them): (stream, buffers).
     scratch: Vec<(usize, Vec<DeviceBuf>)>,
 }
 
@@ -704,12 +724,13 @@ impl State {
                 let _ = cu::event::destroy(c.done);
             }
             self.result_pool.extend(c.device.take());
-            self.record_check(o, c);
+            self.record_check(o, &c);
+            self.host_pool.push(c.results);
         }
         Ok(())
     }
 
-    fn record_check(&mut self, o: &Observer, c: PendingCheck) {
+    fn record_check(&mut self, o: &Observer, c: &PendingCheck) {
         let ks = &mut self.kernels[c.kernel];
         ks.shadow.checks += 1;
         let mut diverged = false;
@@ -750,16 +771,17 @@ impl State {
     ) -> Result<Prepared, Error> {
         let spec = kernel.spec();
         let ctx = stream.context().cu_ctx() as usize;
+        let on = stream.cu_stream() as usize;
         let k = self.kernel_index(kernel);
         let outputs: Vec<_> = buffers(kernel, spec, l.args)?
             .into_iter()
             .filter(|(_, b, _)| b.is_output())
             .collect();
         let sh = &mut self.kernels[k].shadow;
-        let pos = match sh.scratch.iter().position(|(c, _)| *c == ctx) {
+        let pos = match sh.scratch.iter().position(|(s, _)| *s == on) {
             Some(p) => p,
             None => {
-                sh.scratch.push((ctx, Vec::new()));
+                sh.scratch.push((on, Vec::new()));
                 sh.scratch.len() - 1
             }
         };
@@ -898,15 +920,23 @@ impl State {
                 &mut p,
             )?;
         }
-        let host = HostResults::new(outputs.len())?;
-        if host.len > 0 {
-            let dst = std::slice::from_raw_parts_mut(host.ptr as *mut u8, host.len);
+        let host = match self
+            .host_pool
+            .iter()
+            .position(|h| h.len >= outputs.len() * RESULT_BYTES)
+        {
+            Some(i) => self.host_pool.swap_remove(i),
+            None => HostResults::new(outputs.len().max(8))?,
+        };
+        if !outputs.is_empty() {
+            let dst =
+                std::slice::from_raw_parts_mut(host.ptr as *mut u8, outputs.len() * RESULT_BYTES);
             cu::memcpy_dtoh_async(dst, results, s).map_err(Error::driver)?;
         }
         let done = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map_err(Error::driver)?;
         cu::event::record(done, s).map_err(Error::driver)?;
-        let scalars = scalar_values(spec, params).into_iter().collect();
+        let scalars = scalar_values(spec, l.args, params).into_iter().collect();
         self.checks.push(PendingCheck {
             kernel: k,
             device: Some(pre.results),
