@@ -12,7 +12,8 @@
 #   overhead  `llm-kernels overhead` (host time per launch against a hand-written cudarc
 #             launch) with KOPT_CAPTURE and KOPT_SHADOW unset, capture on, shadow at rates
 #             0, 0.001 and 1
-#   decode    `llm-kernels decode --steps 4` under KOPT_CAPTURE (one kept launch a case)
+#   decode    `llm-kernels decode --steps 4`, then again under KOPT_CAPTURE (one kept
+#             launch a case): the step times say what the capture costs
 #   shadow    `llm-kernels decode --steps 2` under KOPT_SHADOW=1: every variant launch of
 #             the decode step checked against the reference
 #   profile   `cargo kopt profile --program` of the capture
@@ -48,6 +49,7 @@ fi
 cd "$ROOT/examples/llm-kernels"
 if has decode; then
     rm -rf "$CAP"
+    step decode-plain 120 llm-kernels decode --steps 4
     step decode 120 env KOPT_CAPTURE="$CAP" KOPT_CAPTURE_INPUTS=1 KOPT_CAPTURE_MAX_BYTES=2G \
         llm-kernels decode --steps 4
 fi

@@ -267,7 +267,9 @@ pub fn run(steps: u64) -> Res<bool> {
     let mut ok = true;
     for s in 0..steps {
         let ids: Vec<usize> = (0..BATCH).map(|_| r.random_range(0..TABLE_ROWS)).collect();
+        let t = std::time::Instant::now();
         let out = step(&stream, &model, &ids, s)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
         let finite = out.logits.iter().all(|v| v.is_finite());
         let largest = out
             .logits
@@ -281,7 +283,7 @@ pub fn run(steps: u64) -> Res<bool> {
             .fold(0.0f32, f32::max);
         ok &= finite && worst < 1e-3 && (out.total - BATCH as f32).abs() < 1e-2;
         println!(
-            "step {s}: logits {} (largest |logit| {largest:.2}), probability rows sum to 1 within {worst:.1e}, total {:.4}",
+            "step {s}: {ms:.1} ms (host, the step's results downloaded); logits {} (largest |logit| {largest:.2}), probability rows sum to 1 within {worst:.1e}, total {:.4}",
             if finite { "finite" } else { "NOT FINITE" },
             out.total
         );
