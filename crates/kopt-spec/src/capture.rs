@@ -154,11 +154,53 @@ pub struct Divergence {
     /// Elements that broke the rule, and the first of them.
     pub failing: u64,
     pub index: u64,
-    /// The variant's value and the reference's there.
+    /// The variant's value and the reference's there: `NaN`, `inf` and `-inf` are written
+    /// as those strings (JSON has no such numbers).
+    #[serde(with = "float_text")]
     pub got: f64,
+    #[serde(with = "float_text")]
     pub want: f64,
     /// What that element was allowed (the rule of [`ShadowRule`]).
+    #[serde(with = "float_text")]
     pub allowed: f64,
+}
+
+/// An `f64` as a JSON number, or `"NaN"`, `"inf"`, `"-inf"` where it is not finite (which
+/// serde_json would write as `null`, and not read back).
+mod float_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f64(*v)
+        } else if v.is_nan() {
+            s.serialize_str("NaN")
+        } else if *v > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Number(f64),
+            Text(String),
+        }
+        match Either::deserialize(d)? {
+            Either::Number(v) => Ok(v),
+            Either::Text(t) => match t.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                other => Err(serde::de::Error::custom(format!(
+                    "`{other}` is not a number (NaN, inf and -inf are written as text)"
+                ))),
+            },
+        }
+    }
 }
 
 /// The rule an output element is judged by, on the device as in the engine:
@@ -469,6 +511,25 @@ mod tests {
         let text = String::from_utf8_lossy(&bytes).replace("\"F16\"", "\"F8\" ");
         let err = read_safetensors(text.as_bytes()).unwrap_err();
         assert!(err.contains("dtype \"F8\" is not one kopt reads"), "{err}");
+    }
+
+    #[test]
+    fn a_divergence_with_nan_and_infinity_survives_json() {
+        let d = Divergence {
+            variant: "v".into(),
+            scalars: BTreeMap::new(),
+            buffer: "y".into(),
+            failing: 3,
+            index: 17,
+            got: f64::NAN,
+            want: f64::INFINITY,
+            allowed: 1e-4,
+        };
+        let text = serde_json::to_string(&d).unwrap();
+        assert!(text.contains("\"got\":\"NaN\",\"want\":\"inf\",\"allowed\":0.0001"), "{text}");
+        let back: Divergence = serde_json::from_str(&text).unwrap();
+        assert!(back.got.is_nan() && back.want == f64::INFINITY && back.allowed == 1e-4);
+        assert!(serde_json::from_str::<Divergence>(&text.replace("\"NaN\"", "\"big\"")).is_err());
     }
 
     #[test]

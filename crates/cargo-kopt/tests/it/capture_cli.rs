@@ -11,10 +11,13 @@ use kopt_spec::capture::{
 use kopt_spec::spec::{DType, Number};
 use kopt_tests::ExampleWorkspace;
 
+/// The `cargo-kopt` under test (on a GPU runner, the staged one on PATH).
+fn exe() -> PathBuf {
+    kopt_tests::cargo_kopt_binary(env!("CARGO_BIN_EXE_cargo-kopt"))
+}
+
 fn kopt(ws: &ExampleWorkspace, args: &[&str]) -> std::process::Output {
-    ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
-        .output()
-        .unwrap()
+    ws.kopt_on_fake(&exe(), args).output().unwrap()
 }
 
 /// The spec hash of `kernel` as the workspace copy declares it today.
@@ -130,7 +133,7 @@ fn verify_on_a_programs_own_inputs_catches_what_drawn_inputs_miss() {
     let ws = ExampleWorkspace::new();
     // Right on drawn N(0, 1) inputs, wrong where an input exceeds 50.
     ws.pin_softmax_variant(
-        Path::new(env!("CARGO_BIN_EXE_cargo-kopt")),
+        &exe(),
         "outlier-blind",
         "// kopt-fake: wrong-if-input-over x 50 y",
     );
@@ -400,9 +403,9 @@ fn on_the_gpu_a_variant_right_on_drawn_rows_passes_verify_and_fails_on_the_progr
     if !kopt::gpu::available_for_test() {
         return;
     }
-    let exe = Path::new(env!("CARGO_BIN_EXE_cargo-kopt"));
+    let exe = exe();
     let ws = ExampleWorkspace::new();
-    ws.pin_softmax_variant_with(exe, "no-max", |dir| {
+    ws.pin_softmax_variant_with(&exe, "no-max", |dir| {
         std::fs::write(dir.join("kernel.cu"), NO_MAX_SOFTMAX).unwrap();
         std::fs::write(
             dir.join("variant.toml"),
@@ -410,7 +413,7 @@ fn on_the_gpu_a_variant_right_on_drawn_rows_passes_verify_and_fails_on_the_progr
         )
         .unwrap();
     });
-    let gpu = |args: &[&str]| ws.kopt_on_gpu(exe, args).output().unwrap();
+    let gpu = |args: &[&str]| ws.kopt_on_gpu(&exe, args).output().unwrap();
     let o = gpu(&["verify", "softmax", "--no-sanitize"]);
     assert!(
         o.status.success(),
