@@ -49,9 +49,9 @@ fi
 cd "$ROOT/examples/llm-kernels"
 if has decode; then
     rm -rf "$CAP"
-    step decode-plain 120 llm-kernels decode --steps 4
+    step decode-plain 120 llm-kernels decode --steps "${DECODE_STEPS:-4}"
     step decode 120 env KOPT_CAPTURE="$CAP" KOPT_CAPTURE_INPUTS=1 KOPT_CAPTURE_MAX_BYTES=2G \
-        llm-kernels decode --steps 4
+        llm-kernels decode --steps "${DECODE_STEPS:-4}"
 fi
 if has shadow; then
     step decode-shadow 120 env KOPT_SHADOW=1 llm-kernels decode --steps 2
