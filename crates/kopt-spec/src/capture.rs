@@ -63,7 +63,8 @@ pub struct CaptureSettings {
     pub inputs_per_case: u32,
     /// The cap on input bytes for the whole process.
     pub max_bytes: u64,
-    /// One launch in this many of a case is timed with events (the first always is).
+    /// One launch in this many of a case is timed with events, from the first whose
+    /// inputs are not kept (`inputs_per_case + 1`).
     pub time_every: u32,
 }
 

@@ -45,7 +45,8 @@ pub const CAPTURE: &str = "KOPT_CAPTURE";
 pub const CAPTURE_INPUTS: &str = "KOPT_CAPTURE_INPUTS";
 /// The most input bytes one process keeps (default 1 GiB; `K`, `M`, `G` suffixes).
 pub const CAPTURE_MAX_BYTES: &str = "KOPT_CAPTURE_MAX_BYTES";
-/// One launch in this many of a case is timed (default 16; the first always is).
+/// One launch in this many of a case is timed (default 16; the first timed is the first
+/// whose inputs are not kept).
 pub const CAPTURE_TIME_EVERY: &str = "KOPT_CAPTURE_TIME_EVERY";
 /// The share of an accepted variant's launches checked against the reference (0 to 1).
 pub const SHADOW: &str = "KOPT_SHADOW";
@@ -254,7 +255,7 @@ impl Observer {
             if keep {
                 st.keep_inputs(c, l, stream, params, (k, case), (n, variant))?;
             }
-            if (n - 1).is_multiple_of(c.settings.time_every as u64) {
+            if timed_launch(n, &c.settings) {
                 timed = Some(case);
             }
         }
@@ -304,6 +305,15 @@ impl Observer {
         }
         Ok(())
     }
+}
+
+/// Whether launch `n` (1 the first) of a case is timed: the first after those whose
+/// inputs are kept, then one in `time_every`. The kept launches are not: the stream was
+/// synchronised before them, so their events would count the launch's latency from an
+/// idle device, and a case's first launch may load its code (the driver's lazy loading).
+fn timed_launch(n: u64, s: &CaptureSettings) -> bool {
+    let first = s.inputs_per_case as u64 + 1;
+    n >= first && (n - first).is_multiple_of(s.time_every as u64)
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -1321,6 +1331,17 @@ mod tests {
         let r = ShadowRule::for_buffer(&spec, z, 1028, &[4, 1024]);
         assert_eq!(r.row_len, 1028);
         assert!((r.noise_of_rms - 6.0 * u).abs() < 1e-20);
+    }
+
+    #[test]
+    fn the_timed_launches_skip_the_kept_ones() {
+        let s = CaptureSettings {
+            inputs_per_case: 2,
+            max_bytes: 1,
+            time_every: 16,
+        };
+        let timed: Vec<u64> = (1..=40).filter(|n| timed_launch(*n, &s)).collect();
+        assert_eq!(timed, [3, 19, 35]);
     }
 
     #[test]
