@@ -39,11 +39,7 @@ pub struct Case {
 impl Case {
     /// `cols=4096 rows=8`, as kopt labels shapes.
     pub fn label(&self) -> String {
-        self.scalars
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ")
+        capture::scalars_label(&self.scalars)
     }
 }
 

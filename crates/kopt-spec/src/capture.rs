@@ -112,12 +112,17 @@ impl CaseCapture {
 
     /// `cols=4096 rows=8`, as kopt labels shapes.
     pub fn label(&self) -> String {
-        self.scalars
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" ")
+        scalars_label(&self.scalars)
     }
+}
+
+/// Scalars as kopt labels a shape: `cols=4096 rows=8`, in name order.
+pub fn scalars_label(scalars: &BTreeMap<String, Number>) -> String {
+    scalars
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The kept inputs of one launch.
@@ -527,7 +532,10 @@ mod tests {
             allowed: 1e-4,
         };
         let text = serde_json::to_string(&d).unwrap();
-        assert!(text.contains("\"got\":\"NaN\",\"want\":\"inf\",\"allowed\":0.0001"), "{text}");
+        assert!(
+            text.contains("\"got\":\"NaN\",\"want\":\"inf\",\"allowed\":0.0001"),
+            "{text}"
+        );
         let back: Divergence = serde_json::from_str(&text).unwrap();
         assert!(back.got.is_nan() && back.want == f64::INFINITY && back.allowed == 1e-4);
         assert!(serde_json::from_str::<Divergence>(&text.replace("\"NaN\"", "\"big\"")).is_err());

@@ -202,8 +202,6 @@ fn optimize_softmax(
     kopt_on_fake(ws, &args)
 }
 
-/// The example's variant of softmax accepted for sm_90, read from its lock file (the tests
-/// follow the committed examples rather than naming a variant).
 /// `cargo kopt ARGS` on the fake device, in a workspace copy, to completion.
 fn kopt_on_fake(ws: &kopt_tests::ExampleWorkspace, args: &[&str]) -> std::process::Output {
     ws.kopt_on_fake(Path::new(env!("CARGO_BIN_EXE_cargo-kopt")), args)
@@ -1795,22 +1793,7 @@ fn a_winner_slower_than_the_reference_on_one_shape_is_narrowed_to_retire_the_sta
     // on every shape until the loop's end narrows it.
     let source = s.source("// kopt-fake: speedup 1.3\n// kopt-fake: slower-on rows=16 1.02");
     let agent = scripted_agent(&ws, &proposal(&source));
-    let o = kopt_on_fake(
-        &ws,
-        &[
-            "optimize",
-            "softmax",
-            "--no-ncu",
-            "--agent",
-            &agent,
-            "--budget",
-            "rounds=1",
-            "--run",
-            "narrow",
-            "--message-format",
-            "json",
-        ],
-    );
+    let o = optimize_softmax(&ws, &agent, "narrow", &[]);
     assert!(o.status.success(), "{}", kopt_tests::text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let k = &v["kernels"][0];

@@ -399,17 +399,7 @@ impl Backend for FakeBackend {
             let (rg, cg) = match (geometry(&job.reference), geometry(&job.candidate)) {
                 (Ok(r), Ok(c)) => (r, c),
                 (Err(e), _) | (_, Err(e)) => {
-                    report.shapes.push(ShapeReport {
-                        label: case.label.clone(),
-                        held_out: case.held_out,
-                        bytes,
-                        flops: None,
-                        error: Some(e),
-                        checks: vec![],
-                        inputs_modified: vec![],
-                        reference: None,
-                        candidate: None,
-                    });
+                    report.shapes.push(shape_error(case, bytes, e));
                     continue;
                 }
             };
@@ -425,17 +415,9 @@ impl Backend for FakeBackend {
                 (_, Err(e)) => vec![format!("candidate arguments: {e}")],
             };
             if !expectations.is_empty() {
-                report.shapes.push(ShapeReport {
-                    label: case.label.clone(),
-                    held_out: case.held_out,
-                    bytes,
-                    flops: None,
-                    error: Some(expectations.join("; ")),
-                    checks: vec![],
-                    inputs_modified: vec![],
-                    reference: None,
-                    candidate: None,
-                });
+                report
+                    .shapes
+                    .push(shape_error(case, bytes, expectations.join("; ")));
                 continue;
             }
             // The buffers' declared lengths here; a captured case's inputs load as the GPU
@@ -454,17 +436,7 @@ impl Backend for FakeBackend {
                 Some(c) => match crate::inputs::captured_all(spec, &lens, &c.file) {
                     Ok(host) => Some(host),
                     Err(e) => {
-                        report.shapes.push(ShapeReport {
-                            label: case.label.clone(),
-                            held_out: case.held_out,
-                            bytes,
-                            flops: None,
-                            error: Some(e),
-                            checks: vec![],
-                            inputs_modified: vec![],
-                            reference: None,
-                            candidate: None,
-                        });
+                        report.shapes.push(shape_error(case, bytes, e));
                         continue;
                     }
                 },
@@ -949,6 +921,21 @@ fn fake_comparison(
             allowance: worst_allowance,
         }),
         first_bad: nan_bad.or(bad),
+    }
+}
+
+/// A shape the fake device could not run: its error, nothing measured.
+fn shape_error(case: &kopt_spec::shapes::ShapeCase, bytes: u64, error: String) -> ShapeReport {
+    ShapeReport {
+        label: case.label.clone(),
+        held_out: case.held_out,
+        bytes,
+        flops: None,
+        error: Some(error),
+        checks: vec![],
+        inputs_modified: vec![],
+        reference: None,
+        candidate: None,
     }
 }
 
