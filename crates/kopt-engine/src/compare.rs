@@ -13,6 +13,7 @@
 //! 7e-4 was seen), more than `atol 1e-5 + rtol 1e-4 * |want|` allows there, in rows whose
 //! outputs are of order one. The row's RMS is the size of the terms that cancelled.
 
+use kopt_spec::capture::ToleranceRule;
 use kopt_spec::spec::{DType, Tolerance};
 use serde::{Deserialize, Serialize};
 
@@ -76,7 +77,7 @@ impl Allowance {
         if !self.noise_bound(tol) {
             return format!("allowed {:.1e} ({tolerance})", self.allowed);
         }
-        let (acc, out) = (accumulation_unit_roundoff(dtype), unit_roundoff(dtype));
+        let (acc, out) = (dtype.accumulation_unit_roundoff(), dtype.unit_roundoff());
         let over = match self.scale_of {
             ScaleOf::Buffer => "buffer",
             _ => "row",
@@ -91,19 +92,8 @@ impl Allowance {
     }
 }
 
-/// The unit roundoff of values stored as `dtype` ([`DType::unit_roundoff`]).
-pub fn unit_roundoff(dtype: DType) -> f64 {
-    dtype.unit_roundoff()
-}
-
-/// The unit roundoff of the arithmetic that produced an output of `dtype`
-/// ([`DType::accumulation_unit_roundoff`]).
-pub fn accumulation_unit_roundoff(dtype: DType) -> f64 {
-    dtype.accumulation_unit_roundoff()
-}
-
 /// The rule for one output buffer: its tolerance, its dtype, and how its elements are
-/// grouped into rows for the scale.
+/// grouped into rows for the scale ([`ToleranceRule`], the launchers' shadow checks' too).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rule {
     pub tolerance: Tolerance,
@@ -113,6 +103,8 @@ pub struct Rule {
     pub row_len: usize,
     /// Whether the rows are declared (a product length) or the buffer is one flat group.
     pub declared_rows: bool,
+    /// The rule's factors, as the device computes them.
+    factors: ToleranceRule,
 }
 
 impl Rule {
@@ -125,15 +117,18 @@ impl Rule {
         elements: usize,
         dims: Option<&[(String, u64)]>,
     ) -> Rule {
-        let row = dims
-            .and_then(|d| d.last())
-            .map(|(_, len)| *len as usize)
-            .filter(|len| *len > 0 && elements.is_multiple_of(*len));
+        let factors = ToleranceRule::new(
+            dtype,
+            tolerance,
+            elements,
+            dims.and_then(|d| d.last()).map(|(_, len)| *len),
+        );
         Rule {
             tolerance,
             dtype,
-            row_len: row.unwrap_or(elements).max(1),
-            declared_rows: row.is_some(),
+            row_len: factors.row_len as usize,
+            declared_rows: factors.declared_rows,
+            factors,
         }
     }
 
@@ -144,18 +139,15 @@ impl Rule {
 
     /// The parts of the rule shared by a row of RMS `rms`.
     pub fn row(&self, rms: f64) -> RowRule {
-        // A flat buffer declares no reduction: the floor assumes none rather than one over
-        // the whole buffer, which would loosen a 67M-element output by a factor of 8192.
-        let noise_len = if self.declared_rows { self.row_len } else { 1 };
         RowRule {
             rule: *self,
             rms,
-            noise_len: noise_len as u64,
-            noise_of_row: NOISE_LAMBDA
-                * accumulation_unit_roundoff(self.dtype)
-                * (noise_len as f64).sqrt()
-                * rms,
-            two_u_out: 2.0 * unit_roundoff(self.dtype),
+            noise_len: if self.declared_rows {
+                self.row_len as u64
+            } else {
+                1
+            },
+            noise_of_row: self.factors.noise_of_rms * rms,
         }
     }
 }
@@ -168,17 +160,14 @@ pub struct RowRule {
     noise_len: u64,
     /// `NOISE_LAMBDA * u_acc * sqrt(noise_len) * rms`.
     noise_of_row: f64,
-    two_u_out: f64,
 }
 
 impl RowRule {
     /// `max(atol + rtol * max(|want|, rms), noise_of_row + 2 u_out |want|)`: the largest
-    /// `|got - want|` that passes.
+    /// `|got - want|` that passes ([`ToleranceRule::allowed`]).
     #[inline]
     pub fn allowed(&self, want: f64) -> f64 {
-        let t = self.rule.tolerance;
-        let w = want.abs();
-        (t.atol + t.rtol * w.max(self.rms)).max(self.noise_of_row + self.two_u_out * w)
+        self.rule.factors.allowed(want, self.rms)
     }
 
     /// [`Self::allowed`] with its reasons.
@@ -196,7 +185,7 @@ impl RowRule {
             scale_of,
             rms: self.rms,
             noise_len: self.noise_len,
-            noise_floor: self.noise_of_row + self.two_u_out * w,
+            noise_floor: self.noise_of_row + self.rule.factors.two_u_out * w,
             allowed: self.allowed(want),
         }
     }
@@ -406,8 +395,8 @@ impl OutputComparison {
 /// where `atol` and `rtol` are `tol`'s, and the second term is an estimate (not a
 /// measurement) of the computation's own rounding noise: `n` is the row's length for
 /// declared rows (1 for a flat buffer, which declares no reduction), `u_acc` the unit
-/// roundoff of the arithmetic ([`accumulation_unit_roundoff`]: fp32's for fp32, fp16 and
-/// bf16 outputs, fp64's for fp64) and `u_out` that of the output type ([`unit_roundoff`]).
+/// roundoff of the arithmetic ([`DType::accumulation_unit_roundoff`]: fp32's for fp32, fp16 and
+/// bf16 outputs, fp64's for fp64) and `u_out` that of the output type ([`DType::unit_roundoff`]).
 /// A reduction of `n` terms reordered (a tree, warp shuffles, Welford, one-pass variance)
 /// differs from a serial one by up to about `NOISE_LAMBDA * sqrt(n) * u_acc` of the size of
 /// its terms, and two correct roundings to the output type by one unit in the last place.
@@ -665,7 +654,7 @@ mod tests {
 
     #[test]
     fn the_shadow_checks_rule_is_the_fences() {
-        // The launcher's shadow checks judge on the device by `ShadowRule`, the fence on
+        // The launcher's shadow checks judge on the device by `ToleranceRule`, the fence on
         // the host by `Rule`: one rule, whatever the dtype, tolerance and row layout.
         let item = kopt_spec::spec::parse_item(
             "pub fn k(s: &CudaStream, a: &mut CudaSlice<f32>, b: &mut CudaSlice<f16>, c: &mut CudaSlice<bf16>, d: &mut CudaSlice<f64>, e: &mut CudaSlice<i32>, rows: u32, cols: u32);"
@@ -690,7 +679,7 @@ mod tests {
             };
             let dims = kopt_spec::shapes::buffer_dims(&b.len, &spec, &args);
             let fence = Rule::new(b.dtype, b.effective_tolerance(&spec), n, dims.as_deref());
-            let shadow = kopt_spec::capture::ShadowRule::for_buffer(&spec, b, n, &args);
+            let shadow = kopt_spec::capture::ToleranceRule::for_buffer(&spec, b, n, &args);
             assert_eq!(shadow.row_len, fence.row_len as u64, "{}", b.name);
             for (want, rms) in [(0.0, 1.0), (3.0, 1.0), (-1e-3, 2e-3), (7.5, 100.0)] {
                 let (x, y) = (shadow.allowed(want, rms), fence.row(rms).allowed(want));

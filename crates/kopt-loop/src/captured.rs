@@ -18,8 +18,9 @@ use crate::{Error, Result};
 /// The captured cases of a workspace's kernels, by kernel name.
 #[derive(Debug, Clone, Default)]
 pub struct Captured {
-    /// Where they were read from.
+    /// Where they were read from, and the processes' captures as read.
     pub dir: Option<PathBuf>,
+    pub runs: Vec<CaptureRun>,
     pub kernels: BTreeMap<String, Vec<Case>>,
     /// Kernels of the capture that this workspace does not hold (another crate's).
     pub unknown: Vec<String>,
@@ -41,6 +42,21 @@ impl Case {
     pub fn label(&self) -> String {
         capture::scalars_label(&self.scalars)
     }
+
+    /// An evaluation case of these scalars named `label`, on the recorded inputs of
+    /// `file` (drawn ones without).
+    fn shape_case(&self, label: String, file: Option<&PathBuf>, timed: bool) -> ShapeCase {
+        ShapeCase {
+            label,
+            values: self.scalars.clone(),
+            held_out: false,
+            timed,
+            captured: file.map(|f| CapturedInputs {
+                file: f.clone(),
+                launches: self.launches,
+            }),
+        }
+    }
 }
 
 /// A captured case no declared shape of its kernel covers.
@@ -61,15 +77,16 @@ impl Captured {
     /// both hashes and the program that made it.
     pub fn load(g: &Gathered, dir: &Path) -> Result<Captured> {
         let runs = capture::load(dir).map_err(Error::Invalid)?;
-        Self::from_runs(g, dir, &runs)
+        Self::from_runs(g, dir, runs)
     }
 
-    fn from_runs(g: &Gathered, dir: &Path, runs: &[CaptureRun]) -> Result<Captured> {
+    /// [`Captured::load`] of captures already read from `dir`.
+    pub fn from_runs(g: &Gathered, dir: &Path, runs: Vec<CaptureRun>) -> Result<Captured> {
         let mut out = Captured {
             dir: Some(dir.to_path_buf()),
             ..Default::default()
         };
-        for run in runs {
+        for run in &runs {
             let m = &run.manifest;
             for kc in &m.kernels {
                 let Some(k) = g
@@ -100,6 +117,7 @@ impl Captured {
                 }
             }
         }
+        out.runs = runs;
         Ok(out)
     }
 
@@ -123,18 +141,13 @@ impl Captured {
             .iter()
             .filter(|c| region.is_none_or(|r| spec.region_holds(r, &spec.value_args(&c.scalars))))
             .flat_map(|c| {
-                c.inputs
-                    .iter()
-                    .map(move |(file, launch, program)| ShapeCase {
-                        label: captured_label(&c.label(), *launch, program),
-                        values: c.scalars.clone(),
-                        held_out: false,
+                c.inputs.iter().map(move |(file, launch, program)| {
+                    c.shape_case(
+                        captured_label(&c.label(), *launch, program),
+                        Some(file),
                         timed,
-                        captured: Some(CapturedInputs {
-                            file: file.clone(),
-                            launches: c.launches,
-                        }),
-                    })
+                    )
+                })
             })
             .collect()
     }
@@ -149,17 +162,9 @@ impl Captured {
         cases
             .iter()
             .map(|c| {
-                let case = ShapeCase {
-                    label: format!("{} (captured: {} launches)", c.label(), c.launches),
-                    values: c.scalars.clone(),
-                    held_out: false,
-                    timed: true,
-                    captured: c.inputs.first().map(|(file, _, _)| CapturedInputs {
-                        file: file.clone(),
-                        launches: c.launches,
-                    }),
-                };
-                (case, c.launches)
+                let label = format!("{} (captured: {} launches)", c.label(), c.launches);
+                let first = c.inputs.first().map(|(file, _, _)| file);
+                (c.shape_case(label, first, true), c.launches)
             })
             .collect()
     }

@@ -166,7 +166,7 @@ pub struct Divergence {
     pub got: f64,
     #[serde(with = "float_text")]
     pub want: f64,
-    /// What that element was allowed (the rule of [`ShadowRule`]).
+    /// What that element was allowed (the rule of [`ToleranceRule`]).
     #[serde(with = "float_text")]
     pub allowed: f64,
 }
@@ -209,20 +209,24 @@ mod float_text {
     }
 }
 
-/// The rule an output element is judged by, on the device as in the engine:
+/// The rule an output element is judged by, in the engine's numeric fence and in the
+/// launchers' shadow checks alike:
 /// `|got - want| <= max(atol + rtol * max(|want|, rms), lambda * u_acc * sqrt(n) * rms +
 /// 2 * u_out * |want|)`, `rms` the RMS of the reference's finite values in the element's
 /// row (`n` elements; a buffer whose length is no product is one row, and its noise term
 /// assumes no reduction, `n = 1`); NaN and Inf never pass.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ShadowRule {
+pub struct ToleranceRule {
     pub rtol: f64,
     pub atol: f64,
     /// `lambda * u_acc * sqrt(n)`, the noise floor's factor on the row's RMS.
     pub noise_of_rms: f64,
     /// `2 * u_out`, its factor on `|want|`.
     pub two_u_out: f64,
+    /// Elements that share one RMS: the last declared dimension, or the whole buffer.
     pub row_len: u64,
+    /// Whether the rows are declared (a product length) or the buffer is one flat group.
+    pub declared_rows: bool,
 }
 
 /// The factor of the rounding-noise floor: Higham and Mary's probabilistic bound for a
@@ -230,28 +234,42 @@ pub struct ShadowRule {
 /// `1 - 2 exp(-lambda^2 / 2)`; 6 makes that one in thirty million per reduction.
 pub const NOISE_LAMBDA: f64 = 6.0;
 
-impl ShadowRule {
-    /// The rule for output `b` of `n` elements at these scalar arguments: rows of its
-    /// last declared dimension (when that divides `n`), else one row and no reduction.
+impl ToleranceRule {
+    /// The rule for an output of `dtype` judged by `tolerance`, `elements` long, whose
+    /// declared dimensions end with `last`: rows of that dimension when it divides the
+    /// length, else one row whose noise floor assumes no reduction (one over a whole
+    /// flat buffer would loosen a 67M-element output by a factor of 8192).
+    pub fn new(
+        dtype: crate::spec::DType,
+        tolerance: crate::spec::Tolerance,
+        elements: usize,
+        last: Option<u64>,
+    ) -> ToleranceRule {
+        let row = last
+            .map(|len| len as usize)
+            .filter(|len| *len > 0 && elements.is_multiple_of(*len));
+        ToleranceRule {
+            rtol: tolerance.rtol,
+            atol: tolerance.atol,
+            noise_of_rms: NOISE_LAMBDA
+                * dtype.accumulation_unit_roundoff()
+                * (row.unwrap_or(1) as f64).sqrt(),
+            two_u_out: 2.0 * dtype.unit_roundoff(),
+            row_len: row.unwrap_or(elements).max(1) as u64,
+            declared_rows: row.is_some(),
+        }
+    }
+
+    /// The rule for output `b` of `n` elements at these scalar arguments.
     pub fn for_buffer(
         spec: &crate::KernelSpec,
         b: &crate::spec::Buffer,
         n: usize,
         args: &[i64],
-    ) -> ShadowRule {
-        let t = b.effective_tolerance(spec);
-        let row = crate::shapes::buffer_dims(&b.len, spec, args)
-            .and_then(|d| d.last().map(|(_, len)| *len as usize))
-            .filter(|len| *len > 0 && n.is_multiple_of(*len));
-        ShadowRule {
-            rtol: t.rtol,
-            atol: t.atol,
-            noise_of_rms: NOISE_LAMBDA
-                * b.dtype.accumulation_unit_roundoff()
-                * (row.unwrap_or(1) as f64).sqrt(),
-            two_u_out: 2.0 * b.dtype.unit_roundoff(),
-            row_len: row.unwrap_or(n).max(1) as u64,
-        }
+    ) -> ToleranceRule {
+        let last = crate::shapes::buffer_dims(&b.len, spec, args)
+            .and_then(|d| d.last().map(|(_, len)| *len));
+        ToleranceRule::new(b.dtype, b.effective_tolerance(spec), n, last)
     }
 
     /// The largest `|got - want|` allowed for an element whose reference value is `want`

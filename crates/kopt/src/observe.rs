@@ -11,7 +11,7 @@
 //! - **shadow checks** (`KOPT_SHADOW=RATE`): one launch in `1 / RATE` of an accepted
 //!   variant also runs the reference, on the same stream, into scratch buffers, and kopt's
 //!   comparison kernel judges every output element on the device by the kernel's
-//!   tolerance rule ([`kopt_spec::capture::ShadowRule`], the engine's). The result is read
+//!   tolerance rule ([`kopt_spec::capture::ToleranceRule`], the engine's). The result is read
 //!   when its event completes. Divergences are counted and the first few recorded
 //!   ([`Kernel::shadow_report`]); with `KOPT_SHADOW_FALLBACK=1` the kernel runs the
 //!   reference for the rest of the process after one.
@@ -32,7 +32,7 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use kopt_spec::capture::{
     self, CaptureManifest, CaptureSettings, CaseCapture, Divergence, InputSample, KernelCapture,
-    ShadowRecord, ShadowRule, Tensor,
+    ShadowRecord, Tensor, ToleranceRule,
 };
 use kopt_spec::spec::{DType, Direction, KernelArgRef, Number, ScalarTy};
 
@@ -99,7 +99,8 @@ pub(crate) struct Observer {
 }
 
 struct Capture {
-    /// This process's folder.
+    /// The program's name (its executable's file stem), and this process's folder.
+    program: String,
     dir: PathBuf,
     settings: CaptureSettings,
 }
@@ -168,6 +169,7 @@ impl Observer {
                 );
                 Some(Capture {
                     dir: Path::new(&dir).join(folder),
+                    program,
                     settings,
                 })
             }
@@ -241,13 +243,17 @@ impl Observer {
         // Capture: the case, its inputs, and whether this launch is timed.
         let mut timed = None;
         if let Some(c) = &self.capture {
-            let scalars = scalar_values(spec, l.args, params);
-            let key: Vec<u64> = scalars.iter().map(|(_, v)| number_bits(*v)).collect();
-            let case = st.case_index(k, &key, &scalars);
+            let numbers = scalar_numbers(spec, l.args, params);
+            let case = st.case_index(k, spec, &numbers);
             let n = {
                 let rec = &mut st.kernels[k].cases[case].record;
                 rec.launches += 1;
-                *rec.versions.entry(variant.to_string()).or_insert(0) += 1;
+                match rec.versions.get_mut(variant) {
+                    Some(count) => *count += 1,
+                    None => {
+                        rec.versions.insert(variant.to_string(), 1);
+                    }
+                }
                 rec.launches
             };
             let keep =
@@ -316,6 +322,19 @@ fn timed_launch(n: u64, s: &CaptureSettings) -> bool {
     n >= first && (n - first).is_multiple_of(s.time_every as u64)
 }
 
+/// Whether the work before `event` is done: waiting for it with `wait`, else asking.
+fn done(event: sys::CUevent, wait: bool) -> Result<bool, Error> {
+    // SAFETY: the events this module records, not yet destroyed.
+    unsafe {
+        if wait {
+            cu::event::synchronize(event).map_err(Error::driver)?;
+            Ok(true)
+        } else {
+            Ok(cu::event::query(event).is_ok())
+        }
+    }
+}
+
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -329,38 +348,50 @@ fn number_bits(n: Number) -> u64 {
     }
 }
 
-/// Every launcher scalar of this launch, by name: the integers as the launcher received
-/// them (`args`, which holds sizes that are no kernel argument too, such as a row count
-/// that only sets the grid), the floats read from the kernel's parameters (0 for a float
-/// the kernel is not passed).
+/// Every launcher scalar of this launch, in the spec's order: the integers as the launcher
+/// received them (`args`, which holds sizes that are no kernel argument too, such as a row
+/// count that only sets the grid), the floats read from the kernel's parameters (0 for a
+/// float the kernel is not passed). Allocates the kernel's argument list only for a kernel
+/// with a float scalar.
 ///
 /// # Safety
 /// `params` holds the kernel's arguments in [`KernelSpec::kernel_args`] order.
-unsafe fn scalar_values(
+unsafe fn scalar_numbers(
     spec: &kopt_spec::KernelSpec,
     args: &[i64],
     params: &[*mut c_void],
-) -> Vec<(String, Number)> {
-    let kernel_args = spec.kernel_args();
+) -> Vec<Number> {
+    let floats = spec.scalars().any(|s| s.ty.is_float());
+    let kernel_args = if floats {
+        spec.kernel_args()
+    } else {
+        Vec::new()
+    };
     spec.scalars()
         .zip(args)
         .map(|(s, &v)| {
-            let value = if s.ty.is_float() {
-                kernel_args
-                    .iter()
-                    .zip(params)
-                    .find_map(|(a, p)| match a {
-                        KernelArgRef::Scalar { def, .. } if def.name == s.name => {
-                            Some(read_float(def.ty, *p))
-                        }
-                        _ => None,
-                    })
-                    .unwrap_or(Number::Float(0.0))
-            } else {
-                Number::Int(v)
-            };
-            (s.name.clone(), value)
+            if !s.ty.is_float() {
+                return Number::Int(v);
+            }
+            kernel_args
+                .iter()
+                .zip(params)
+                .find_map(|(a, p)| match a {
+                    KernelArgRef::Scalar { def, .. } if def.name == s.name => {
+                        Some(read_float(def.ty, *p))
+                    }
+                    _ => None,
+                })
+                .unwrap_or(Number::Float(0.0))
         })
+        .collect()
+}
+
+/// Scalars by name, from [`scalar_numbers`].
+fn named(spec: &kopt_spec::KernelSpec, numbers: &[Number]) -> BTreeMap<String, Number> {
+    spec.scalars()
+        .zip(numbers)
+        .map(|(s, v)| (s.name.clone(), *v))
         .collect()
 }
 
@@ -381,13 +412,21 @@ unsafe fn device_ptr(p: *mut c_void) -> sys::CUdeviceptr {
     *(p as *const sys::CUdeviceptr)
 }
 
-/// A kernel's buffers at this launch: parameter slot, buffer index, definition, elements.
-fn buffers<'s>(
-    kernel: &'static Kernel,
-    spec: &'s kopt_spec::KernelSpec,
-    args: &[i64],
-) -> Result<Vec<(usize, &'s kopt_spec::spec::Buffer, usize)>, Error> {
-    spec.kernel_args()
+/// A buffer of a launch.
+struct Output {
+    /// Its slot among the kernel's parameters.
+    slot: usize,
+    name: &'static str,
+    def: &'static kopt_spec::spec::Buffer,
+    /// Its length at this launch, in elements.
+    n: usize,
+}
+
+/// A kernel's buffers at this launch, in parameter order.
+fn buffers(kernel: &'static Kernel, args: &[i64]) -> Result<Vec<Output>, Error> {
+    kernel
+        .spec()
+        .kernel_args()
         .into_iter()
         .enumerate()
         .filter_map(|(slot, a)| match a {
@@ -402,7 +441,12 @@ fn buffers<'s>(
                 item: b.name,
                 error: e,
             })?;
-            Ok((slot, def, n.max(0) as usize))
+            Ok(Output {
+                slot,
+                name: b.name,
+                def,
+                n: n.max(0) as usize,
+            })
         })
         .collect()
 }
@@ -560,8 +604,10 @@ struct Comparers {
 /// in-out buffers copied to them (the reference starts from what the variant started
 /// from), and the device results.
 struct Prepared {
-    /// Per buffer slot: the scratch pointer the reference uses instead.
-    scratch: Vec<(usize, sys::CUdeviceptr)>,
+    /// The outputs at this launch: parameter slot, name, definition, elements.
+    outputs: Vec<Output>,
+    /// Per output, in that order: the scratch pointer the reference uses instead.
+    scratch: Vec<sys::CUdeviceptr>,
     /// The context, and the device results.
     results: (usize, DeviceBuf),
 }
@@ -585,15 +631,21 @@ impl State {
         }
     }
 
-    fn case_index(&mut self, k: usize, key: &[u64], scalars: &[(String, Number)]) -> usize {
+    /// The case of these scalars (in the spec's order), made on their first launch.
+    fn case_index(&mut self, k: usize, spec: &kopt_spec::KernelSpec, numbers: &[Number]) -> usize {
+        let same = |key: &[u64]| {
+            key.iter()
+                .copied()
+                .eq(numbers.iter().map(|n| number_bits(*n)))
+        };
         let cases = &mut self.kernels[k].cases;
-        if let Some(i) = cases.iter().position(|c| c.key == key) {
+        if let Some(i) = cases.iter().position(|c| same(&c.key)) {
             return i;
         }
         cases.push(CaseState {
-            key: key.to_vec(),
+            key: numbers.iter().map(|n| number_bits(*n)).collect(),
             record: CaseCapture {
-                scalars: scalars.iter().cloned().collect(),
+                scalars: named(spec, numbers),
                 launches: 0,
                 versions: BTreeMap::new(),
                 timed_launches: 0,
@@ -618,13 +670,13 @@ impl State {
     ) -> Result<(), Error> {
         let kernel = l.owner;
         let spec = kernel.spec();
-        let inputs: Vec<_> = buffers(kernel, spec, l.args)?
+        let inputs: Vec<Output> = buffers(kernel, l.args)?
             .into_iter()
-            .filter(|(_, b, _)| b.direction != Direction::Out)
+            .filter(|o| o.def.direction != Direction::Out)
             .collect();
         let bytes: u64 = inputs
             .iter()
-            .map(|(_, b, n)| (*n * b.dtype.size()) as u64)
+            .map(|o| (o.n * o.def.dtype.size()) as u64)
             .sum();
         if self.bytes_written + bytes > c.settings.max_bytes {
             self.kernels[k].cases[case].record.inputs_over_cap += 1;
@@ -633,19 +685,18 @@ impl State {
         stream.synchronize().map_err(Error::driver)?;
         let args = l.args;
         let mut tensors = Vec::new();
-        for (slot, b, n) in &inputs {
-            let mut data = vec![0u8; n * b.dtype.size()];
+        for Output { slot, name, def, n } in inputs {
+            let mut data = vec![0u8; n * def.dtype.size()];
             if !data.is_empty() {
-                cu::memcpy_dtoh_sync(&mut data, device_ptr(params[*slot]))
-                    .map_err(Error::driver)?;
+                cu::memcpy_dtoh_sync(&mut data, device_ptr(params[slot])).map_err(Error::driver)?;
             }
-            let shape = kopt_spec::shapes::buffer_dims(&b.len, spec, args)
-                .filter(|d| d.iter().map(|(_, n)| *n).product::<u64>() == *n as u64)
+            let shape = kopt_spec::shapes::buffer_dims(&def.len, spec, args)
+                .filter(|d| d.iter().map(|(_, n)| *n).product::<u64>() == n as u64)
                 .map(|d| d.into_iter().map(|(_, n)| n).collect())
-                .unwrap_or_else(|| vec![*n as u64]);
+                .unwrap_or_else(|| vec![n as u64]);
             tensors.push(Tensor {
-                name: b.name.clone(),
-                dtype: b.dtype,
+                name: name.to_string(),
+                dtype: def.dtype,
                 shape,
                 data,
             });
@@ -687,17 +738,7 @@ impl State {
     fn poll(&mut self, o: &Observer, wait: bool) -> Result<(), Error> {
         let mut i = 0;
         while i < self.timings.len() {
-            let t = &self.timings[i];
-            // SAFETY: events created by this module and not yet destroyed.
-            let ready = unsafe {
-                if wait {
-                    cu::event::synchronize(t.end).map_err(Error::driver)?;
-                    true
-                } else {
-                    cu::event::query(t.end).is_ok()
-                }
-            };
-            if !ready {
+            if !done(self.timings[i].end, wait)? {
                 i += 1;
                 continue;
             }
@@ -715,17 +756,7 @@ impl State {
         let mut i = 0;
         while i < self.checks.len() {
             let must = wait || self.checks.len() > CHECKS_IN_FLIGHT;
-            let c = &self.checks[i];
-            // SAFETY: as above.
-            let ready = unsafe {
-                if must {
-                    cu::event::synchronize(c.done).map_err(Error::driver)?;
-                    true
-                } else {
-                    cu::event::query(c.done).is_ok()
-                }
-            };
-            if !ready {
+            if !done(self.checks[i].done, must)? {
                 i += 1;
                 continue;
             }
@@ -779,13 +810,12 @@ impl State {
         stream: &CudaStream,
         params: &[*mut c_void],
     ) -> Result<Prepared, Error> {
-        let spec = kernel.spec();
         let ctx = stream.context().cu_ctx() as usize;
         let on = stream.cu_stream() as usize;
         let k = self.kernel_index(kernel);
-        let outputs: Vec<_> = buffers(kernel, spec, l.args)?
+        let outputs: Vec<Output> = buffers(kernel, l.args)?
             .into_iter()
-            .filter(|(_, b, _)| b.is_output())
+            .filter(|o| o.def.is_output())
             .collect();
         let sh = &mut self.kernels[k].shadow;
         let pos = match sh.scratch.iter().position(|(s, _)| *s == on) {
@@ -797,8 +827,8 @@ impl State {
         };
         let bufs = &mut sh.scratch[pos].1;
         let mut scratch = Vec::new();
-        for (i, (slot, b, n)) in outputs.iter().enumerate() {
-            let bytes = n * b.dtype.size();
+        for (i, o) in outputs.iter().enumerate() {
+            let bytes = o.n * o.def.dtype.size();
             if bufs.len() <= i {
                 bufs.push(DeviceBuf::new(bytes)?);
             } else if bufs[i].bytes < bytes {
@@ -807,11 +837,11 @@ impl State {
                 bufs[i] = DeviceBuf::new(bytes)?;
             }
             let p = bufs[i].ptr;
-            if b.direction == Direction::InOut && bytes > 0 {
-                cu::memcpy_dtod_async(p, device_ptr(params[*slot]), bytes, stream.cu_stream())
+            if o.def.direction == Direction::InOut && bytes > 0 {
+                cu::memcpy_dtod_async(p, device_ptr(params[o.slot]), bytes, stream.cu_stream())
                     .map_err(Error::driver)?;
             }
-            scratch.push((*slot, p));
+            scratch.push(p);
         }
         let need = outputs.len() * RESULT_BYTES;
         let results = match self
@@ -823,6 +853,7 @@ impl State {
             None => DeviceBuf::new(need.max(RESULT_BYTES * 8))?,
         };
         Ok(Prepared {
+            outputs,
             scratch,
             results: (ctx, results),
         })
@@ -847,9 +878,9 @@ impl State {
         // The reference's parameters: the scratch outputs, its own computed arguments.
         let mut computed: Vec<[u8; 8]> = Vec::new();
         let mut slots: Vec<*mut c_void> = params.to_vec();
-        let mut scratch_ptrs: Vec<sys::CUdeviceptr> = pre.scratch.iter().map(|(_, p)| *p).collect();
-        for (i, (slot, _)) in pre.scratch.iter().enumerate() {
-            slots[*slot] = &mut scratch_ptrs[i] as *mut sys::CUdeviceptr as *mut c_void;
+        let mut scratch = pre.scratch.clone();
+        for (o, p) in pre.outputs.iter().zip(scratch.iter_mut()) {
+            slots[o.slot] = p as *mut sys::CUdeviceptr as *mut c_void;
         }
         let args_list = spec.kernel_args();
         for a in &args_list {
@@ -877,24 +908,19 @@ impl State {
         let comparers = self.comparers(stream)?;
         let results = pre.results.1.ptr;
         cu::memset_d8_async(results, 0, pre.results.1.bytes, s).map_err(Error::driver)?;
-        let outputs: Vec<_> = buffers(kernel, spec, l.args)?
-            .into_iter()
-            .filter(|(_, b, _)| b.is_output())
-            .collect();
-        let mut names = Vec::new();
-        for (i, (slot, b, n)) in outputs.iter().enumerate() {
-            names.push(kernel.def().buffers[buffer_index(spec, &b.name)].name);
-            let rule = ShadowRule::for_buffer(spec, b, *n, l.args);
+        let outputs = &pre.outputs;
+        for (i, o) in outputs.iter().enumerate() {
+            let rule = ToleranceRule::for_buffer(spec, o.def, o.n, l.args);
             let (cmp, fetch) = comparers
                 .kernels
                 .iter()
-                .find(|(d, _, _)| *d == b.dtype)
+                .find(|(d, _, _)| *d == o.def.dtype)
                 .map(|(_, c, f)| (c, f))
                 .expect("a comparer for every dtype");
             let result = results + (i * RESULT_BYTES) as u64;
-            let mut got = device_ptr(params[*slot]);
-            let mut want = pre.scratch[i].1;
-            let mut n64 = *n as u64;
+            let mut got = device_ptr(params[o.slot]);
+            let mut want = pre.scratch[i];
+            let mut n64 = o.n as u64;
             let mut row = rule.row_len;
             let (mut rtol, mut atol, mut noise, mut two_u) =
                 (rule.rtol, rule.atol, rule.noise_of_rms, rule.two_u_out);
@@ -946,13 +972,13 @@ impl State {
         let done = cu::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map_err(Error::driver)?;
         cu::event::record(done, s).map_err(Error::driver)?;
-        let scalars = scalar_values(spec, l.args, params).into_iter().collect();
+        let scalars = named(spec, &scalar_numbers(spec, l.args, params));
         self.checks.push(PendingCheck {
             kernel: k,
             device: Some(pre.results),
             variant,
             scalars,
-            outputs: names,
+            outputs: outputs.iter().map(|o| o.name).collect(),
             results: host,
             done,
         });
@@ -1006,13 +1032,7 @@ impl State {
         CaptureManifest {
             format: capture::FORMAT,
             kind: capture::KIND.into(),
-            program: c
-                .dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.rsplitn(3, '-').nth(2))
-                .unwrap_or("program")
-                .to_string(),
+            program: c.program.clone(),
             pid: std::process::id(),
             device: self.device.clone(),
             arch: self.arch.clone(),
@@ -1074,12 +1094,6 @@ impl Kernel {
     pub fn fell_back(&self) -> bool {
         self.fell_back.load(Ordering::Relaxed)
     }
-}
-
-fn buffer_index(spec: &kopt_spec::KernelSpec, name: &str) -> usize {
-    spec.buffers()
-        .position(|b| b.name == name)
-        .expect("a buffer of the spec")
 }
 
 /// Writes the capture's manifest when the process exits (without what was in flight).
@@ -1314,7 +1328,7 @@ mod tests {
         .unwrap()
         .0;
         let y = spec.buffers().find(|b| b.name == "y").unwrap();
-        let r = ShadowRule::for_buffer(&spec, y, 4096, &[4, 1024]);
+        let r = ToleranceRule::for_buffer(&spec, y, 4096, &[4, 1024]);
         assert_eq!(r.row_len, 1024);
         assert_eq!((r.rtol, r.atol), (1e-2, 1e-3));
         let u = f32::EPSILON as f64 / 2.0;
@@ -1328,7 +1342,7 @@ mod tests {
         assert!((r.allowed(4.0, 1.0) - (1e-3 + 4e-2)).abs() < 1e-12);
         // A flat buffer is one row, its noise floor without a reduction.
         let z = spec.buffers().find(|b| b.name == "z").unwrap();
-        let r = ShadowRule::for_buffer(&spec, z, 1028, &[4, 1024]);
+        let r = ToleranceRule::for_buffer(&spec, z, 1028, &[4, 1024]);
         assert_eq!(r.row_len, 1028);
         assert!((r.noise_of_rms - 6.0 * u).abs() < 1e-20);
     }

@@ -83,11 +83,11 @@ pub fn run(a: OptimizeArgs, mut gathered: Gathered, json: bool) -> Result<ExitCo
         ..a.eval.settings()
     };
     let mut kernels = a.kernels;
-    if let Some(dir) = &a.inputs.inputs {
-        a.inputs.load(&gathered, &mut settings)?;
+    if let (Some(dir), Some(captured)) =
+        (&a.inputs.inputs, a.inputs.load(&gathered, &mut settings)?)
+    {
         if kernels.is_empty() {
-            let runs = kopt_spec::capture::load(dir)?;
-            let ranked: Vec<_> = kopt_loop::captured::time_shares(&runs)
+            let ranked: Vec<_> = kopt_loop::captured::time_shares(&captured.runs)
                 .into_iter()
                 .filter(|s| {
                     gathered

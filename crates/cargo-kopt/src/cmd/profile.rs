@@ -98,7 +98,9 @@ pub fn run(a: ProfileArgs, gathered: Gathered, json: bool) -> Result<ExitCode, S
 fn program(dir: &std::path::Path, g: &Gathered, json: bool) -> Result<ExitCode, String> {
     let runs = kopt_spec::capture::load(dir)?;
     let shares = kopt_loop::captured::time_shares(&runs);
-    let uncovered = kopt_loop::captured::Captured::load(g, dir)
+    // A capture of another annotation is still the program's time; only the shapes to add
+    // are left out (`verify --inputs` says why).
+    let uncovered = kopt_loop::captured::Captured::from_runs(g, dir, runs.clone())
         .map(|c| c.uncovered(g))
         .unwrap_or_default();
     if json {

@@ -458,17 +458,21 @@ impl Backend for FakeBackend {
                     .iter()
                     .map(|n| (*n).min(crate::inputs::CHUNK))
                     .collect();
+                let drawn;
                 let host = match &captured {
-                    Some(h) => h.clone(),
+                    Some(h) => h,
                     None => match crate::inputs::fill_all(spec, &args, &first, seed, variation) {
-                        Ok(h) => h,
+                        Ok(h) => {
+                            drawn = h;
+                            &drawn
+                        }
                         Err(_) => return Vec::new(),
                     },
                 };
                 rules
                     .into_iter()
                     .filter(|(input, limit, _)| {
-                        spec.buffers().zip(&host).any(|(b, h)| {
+                        spec.buffers().zip(host).any(|(b, h)| {
                             &&b.name == input
                                 && h.as_ref().is_some_and(|bytes| {
                                     (0..bytes.len() / b.dtype.size()).any(|i| {
