@@ -140,6 +140,7 @@ fn crate_with_variant(
         kernel: s.name.clone(),
         id: variant_id.into(),
         entry: s.entry.clone(),
+        args: None,
         launch,
         defines: defines.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         options: vec![],

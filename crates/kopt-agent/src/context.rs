@@ -124,7 +124,19 @@ fn params(spec: &KernelSpec) -> String {
                 c.ty.name(),
                 c.value
             ),
+            KernelArgRef::TensorMap { def: m, .. } => tensor_map_line(m, ""),
         })
+        .chain(
+            spec.tensor_maps
+                .iter()
+                .filter(|m| !spec.kernel_args().iter().any(|a| a.name() == m.name))
+                .map(|m| {
+                    tensor_map_line(
+                        m,
+                        ", not taken by the reference: list it in `candidate.args` to use it",
+                    )
+                }),
+        )
         .chain(spec.launch_only().map(|s| {
             format!(
                 "{}: {} (launch only: sizes the launch, not a kernel argument)",
@@ -134,6 +146,32 @@ fn params(spec: &KernelSpec) -> String {
         }))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// A tensor map as the prompt describes it.
+fn tensor_map_line(m: &kopt_spec::tensor_map::TensorMapDecl, note: &str) -> String {
+    let list = |l: &[kopt_spec::expr::Expr]| {
+        l.iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut fields = vec![
+        format!("dims [{}]", list(&m.dims)),
+        format!("box [{}]", list(&m.box_dims)),
+    ];
+    if let Some(s) = &m.strides {
+        fields.push(format!("strides [{}] elements", list(s)));
+    }
+    if m.swizzle.bytes() > 0 {
+        fields.push(format!("swizzle {}B", m.swizzle.bytes()));
+    }
+    format!(
+        "{}: const __grid_constant__ CUtensorMap (TMA map of `{}`, innermost dimension first: {}{note})",
+        m.name,
+        m.buffer,
+        fields.join(", ")
+    )
 }
 
 fn tolerances(spec: &KernelSpec) -> String {

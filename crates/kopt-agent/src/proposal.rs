@@ -114,9 +114,15 @@ pub struct Candidate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff: Option<String>,
     /// The candidate's `__global__` entry when it has a name of its own
-    /// (`softmax_kernel4`); absent, the kernel's entry. Same arguments, same order.
+    /// (`softmax_kernel4`); absent, the kernel's entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry: Option<String>,
+    /// The candidate kernel's arguments in order, when they differ from the current
+    /// best's: names of the launcher's parameters, the annotation's computed arguments
+    /// and its tensor maps (each passed as a `const __grid_constant__ CUtensorMap`).
+    /// Every buffer must be reached, itself or through a map. Absent: the best's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
 }
 
 /// A launch rule as expression text over the scalar arguments and the defines.
@@ -263,6 +269,9 @@ fn resolve(p: Proposal, spec: &KernelSpec, current_best: &str) -> Result<Resolve
         }
     }
     if let Some(s) = &source {
+        if let Err(m) = spec.version_args(p.candidate.args.as_deref()) {
+            errors.push(format!("`candidate.args`: {m}"));
+        }
         match p.candidate.entry.as_deref() {
             Some(entry) if !kopt_spec::source::may_define_entry(s, entry) => {
                 errors.push(format!("the candidate defines no `__global__` function `{entry}`, which `candidate.entry` names"));

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use half::{bf16, f16};
 use kopt_spec::expr;
 use kopt_spec::spec::{Buffer, DType, Distribution, KernelSpec};
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution as _, Normal, Uniform};
 
@@ -107,13 +108,13 @@ pub fn fill(
         (Distribution::Uniform { lo, hi }, true) => {
             Draw::Uniform(Uniform::new(*lo, *hi).map_err(|e| e.to_string())?)
         }
-        (Distribution::Range { .. }, true) => {
+        (Distribution::Range { .. } | Distribution::Spread { .. }, true) => {
             return Err(format!(
                 "`{}`: an integer range on a float buffer",
                 buffer.name
             ))
         }
-        (Distribution::Range { lo, hi }, false) => {
+        (Distribution::Range { lo, hi } | Distribution::Spread { lo, hi }, false) => {
             let eval = |e: &kopt_spec::expr::Expr| -> Result<i64, String> {
                 let p = spec.compile_expr(e, &BTreeMap::new())?;
                 expr::eval(&p, args).map_err(|err| format!("`{e}`: {err}"))
@@ -124,6 +125,9 @@ pub fn fill(
                     "`{}`: the range {lo}..{hi} is empty for this shape",
                     buffer.name
                 ));
+            }
+            if matches!(dist, Distribution::Spread { .. }) {
+                return Ok(spread(buffer.dtype, lo, hi, n, seed));
             }
             Draw::Range(lo, hi)
         }
@@ -183,6 +187,22 @@ fn put_float(dtype: DType, cell: &mut [u8], v: f64) {
         DType::Bf16 => cell.copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
         _ => unreachable!("float draws go to float buffers"),
     }
+}
+
+/// `spread(lo..hi)`'s contents: `lo + floor(i * (hi - lo) / n)` for `i` in `0..n`, in an
+/// order drawn from the seed (Fisher-Yates), so every seed holds the same values.
+fn spread(dtype: DType, lo: i64, hi: i64, n: usize, seed: u64) -> Bytes {
+    let span = i128::from(hi) - i128::from(lo);
+    let mut values: Vec<i64> = (0..n)
+        .map(|i| lo + (i as i128 * span / n as i128) as i64)
+        .collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(chunk_seed(seed, 0));
+    values.shuffle(&mut rng);
+    let mut out = vec![0u8; n * dtype.size()];
+    for (cell, v) in out.chunks_exact_mut(dtype.size()).zip(values) {
+        put_int(dtype, cell, v);
+    }
+    out
 }
 
 fn put_int(dtype: DType, cell: &mut [u8], v: i64) {
@@ -385,6 +405,45 @@ mod tests {
         assert!(mean.abs() < 0.01, "{mean}");
         let last = element(DType::F32, &big, n - 1);
         assert!(last.is_finite() && last != 0.0);
+    }
+
+    #[test]
+    fn spread_inputs_hold_the_same_values_in_an_order_of_the_seed() {
+        let s = spec();
+        let lo = kopt_spec::expr::Expr::Int(10);
+        // A permutation: as many elements as values.
+        let perm = buf(
+            DType::I32,
+            Distribution::Spread {
+                lo: lo.clone(),
+                hi: kopt_spec::expr::Expr::Int(74),
+            },
+        );
+        let a = fill(&perm, &s, &[64, 0], 64, 3, Variation::Declared).unwrap();
+        let b = fill(&perm, &s, &[64, 0], 64, 4, Variation::Shifted).unwrap();
+        assert_ne!(a, b, "the order depends on the seed");
+        let sorted = |bytes: &[u8], n: usize| {
+            let mut v: Vec<i64> = (0..n)
+                .map(|i| element(DType::I32, bytes, i) as i64)
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(sorted(&a, 64), (10..74).collect::<Vec<_>>());
+        assert_eq!(sorted(&a, 64), sorted(&b, 64));
+        // Fewer elements than values: evenly spaced from lo, the last below hi.
+        let lens = buf(
+            DType::U32,
+            Distribution::Spread {
+                lo,
+                hi: kopt_spec::expr::Expr::Int(32779),
+            },
+        );
+        let v = sorted(
+            &fill(&lens, &s, &[4, 0], 4, 1, Variation::Declared).unwrap(),
+            4,
+        );
+        assert_eq!(v, [10, 8202, 16394, 24586]);
     }
 
     #[test]

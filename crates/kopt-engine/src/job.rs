@@ -20,6 +20,10 @@ pub struct KernelVersion {
     /// Self-contained CUDA C++ source (includes already inlined).
     pub source: String,
     pub entry: String,
+    /// Its kernel arguments, when they are not the reference's
+    /// ([`KernelSpec::version_args`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
     pub launch: LaunchRule,
     #[serde(default)]
     pub defines: BTreeMap<String, i64>,
@@ -49,6 +53,7 @@ impl KernelVersion {
             id: "reference".into(),
             source: amalgamated_source.to_string(),
             entry: spec.entry.clone(),
+            args: None,
             launch: spec.launch.clone(),
             defines: spec.default_defines(),
             options: spec.options.clone(),
@@ -64,6 +69,7 @@ impl KernelVersion {
             id: v.id.clone(),
             source: source.to_string(),
             entry: v.entry.clone(),
+            args: v.args.clone(),
             launch: v.launch.clone(),
             defines: v.defines.clone(),
             options: v.options.clone(),
@@ -96,14 +102,15 @@ impl KernelVersion {
             .collect()
     }
 
-    /// The kernel's argument values for this version on a shape: computed arguments
-    /// under this version's launch rule and defines ([`KernelSpec::kernel_arg_values`]).
+    /// The kernel's argument values for this version on a shape: its own argument list,
+    /// computed arguments and tensor maps under its launch rule and defines
+    /// ([`KernelSpec::kernel_arg_values`]).
     pub fn arg_values(
         &self,
         spec: &KernelSpec,
         values: &BTreeMap<String, Number>,
     ) -> Result<Vec<ArgValue>, String> {
-        spec.kernel_arg_values(&self.launch, &self.defines, values)
+        spec.kernel_arg_values(self.args.as_deref(), &self.launch, &self.defines, values)
     }
 
     /// Grid, block and dynamic shared memory for one shape.

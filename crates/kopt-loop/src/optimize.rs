@@ -1896,6 +1896,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
         kernel: k.spec.name.clone(),
         id: variant_id.clone(),
         entry: version.entry.clone(),
+        args: version.args.clone(),
         launch: version.launch.clone(),
         defines: version.defines.clone(),
         options: version.options.clone(),

@@ -1217,6 +1217,7 @@ fn save_winner(
                 source: Some(best_version.source.clone()),
                 diff: None,
                 entry: (best_version.entry != ev.base.entry).then(|| best_version.entry.clone()),
+                args: best_version.args.clone(),
             },
             launch: None,
             defines: best_version.defines.clone(),

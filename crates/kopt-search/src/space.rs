@@ -690,6 +690,7 @@ impl Space {
             id: self.label(id),
             source: reference.source.clone(),
             entry: reference.entry.clone(),
+            args: reference.args.clone(),
             launch: reference.launch.clone(),
             defines: self.defines(id),
             options: self.options(id),

@@ -17,7 +17,7 @@ use crate::expr::{BinOp, Func, Op};
 use crate::files;
 use crate::selection::{self, Hashes, KernelState};
 use crate::source;
-use crate::spec::{self, KernelArgRef, KernelSpec, Launcher, Param};
+use crate::spec::{self, KernelSpec, Launcher, Param};
 
 /// Where the expansion happens.
 #[derive(Debug, Clone)]
@@ -125,28 +125,43 @@ pub fn generate(
             }
         }
     }
-    // The kernel's arguments in its order: buffers' pointers, launcher scalars as received,
-    // computed ones from stack locals evaluated for the version `prepare` picked.
-    let mut computed = Vec::new();
-    for a in spec.kernel_args() {
-        match a {
-            KernelArgRef::Buffer { param, .. } => {
-                let ptr = format_ident!("__kopt_ptr{}", param);
+    // The launch's pool, from which the version `prepare` picked takes its arguments in its
+    // order: the parameters (buffers' pointers, scalars as received), the computed
+    // arguments and the tensor maps, both evaluated for that version from stack locals.
+    for (i, p) in spec.params.iter().enumerate() {
+        match p {
+            Param::Buffer(_) => {
+                let ptr = format_ident!("__kopt_ptr{}", i);
                 slots.push(quote!(&#ptr as *const _ as *mut ::core::ffi::c_void));
             }
-            KernelArgRef::Scalar { def, .. } => {
-                let id = format_ident!("{}", def.name);
+            Param::Scalar(s) => {
+                let id = format_ident!("{}", s.name);
                 slots.push(quote!(&#id as *const _ as *mut ::core::ffi::c_void));
             }
-            KernelArgRef::Computed { index, def } => {
-                let local = format_ident!("__kopt_computed{}", index);
-                let ty = format_ident!("{}", def.ty.name());
-                computed.push(quote! {
-                    let #local: #ty = __kopt_launch.computed(#index, &__kopt_args)?;
-                });
-                slots.push(quote!(&#local as *const _ as *mut ::core::ffi::c_void));
-            }
         }
+    }
+    let mut computed = Vec::new();
+    for (index, def) in spec.computed_args().enumerate() {
+        let local = format_ident!("__kopt_computed{}", index);
+        let ty = format_ident!("{}", def.ty.name());
+        computed.push(quote! {
+            let #local: #ty = __kopt_launch.computed(#index, &__kopt_args)?;
+        });
+        slots.push(quote!(&#local as *const _ as *mut ::core::ffi::c_void));
+    }
+    let mut maps = Vec::new();
+    for (index, m) in spec.tensor_maps.iter().enumerate() {
+        let local = format_ident!("__kopt_map{}", index);
+        let param = spec
+            .params
+            .iter()
+            .position(|p| p.name() == m.buffer)
+            .expect("checked at parse");
+        let ptr = format_ident!("__kopt_ptr{}", param);
+        maps.push(quote! {
+            let #local = __kopt_launch.tensor_map(#index, #ptr as u64, &__kopt_args)?;
+        });
+        slots.push(quote!(&#local as *const _ as *mut ::core::ffi::c_void));
     }
     let n_params = slots.len();
     let param_decls = params.iter().map(|(id, ty)| quote!(#id: #ty));
@@ -168,6 +183,7 @@ pub fn generate(
         &spec.reference_options(),
         &spec.launch,
         &defines,
+        None,
         None,
     );
     let usable: Vec<_> = state
@@ -195,6 +211,7 @@ pub fn generate(
                     let symbol = p.record.symbol.as_deref().unwrap_or(&u.variant.entry);
                     (p.text.as_str(), symbol, p.record.nvrtc.as_str())
                 }),
+                u.variant.args.as_deref(),
             )
         })
         .collect();
@@ -271,10 +288,53 @@ pub fn generate(
         variants: &[#(#variants),*],
         unusable: &[#(#unusable),*],
     });
-    let constructor = if computed_defs.is_empty() {
+    // Each tensor map's field programs for the reference and every embedded variant.
+    let map_defs: Vec<TokenStream> = spec
+        .tensor_maps
+        .iter()
+        .map(|m| {
+            let name = &m.name;
+            let buffer = spec
+                .buffers()
+                .position(|b| b.name == m.buffer)
+                .expect("checked at parse");
+            let programs = |defines: &BTreeMap<String, i64>| {
+                let list = |exprs: &[crate::expr::Expr]| {
+                    let items = exprs.iter().map(|e| {
+                        ops_tokens(
+                            &kopt,
+                            &spec
+                                .compile_expr(e, defines)
+                                .expect("checked at parse and when the files were resolved"),
+                        )
+                    });
+                    quote!(&[#(#items),*])
+                };
+                let dims = list(&m.dims);
+                let strides = list(m.strides.as_deref().unwrap_or(&[]));
+                let box_dims = list(&m.box_dims);
+                let element_strides = list(m.element_strides.as_deref().unwrap_or(&[]));
+                quote!(#kopt::MapPrograms {
+                    dims: #dims,
+                    strides: #strides,
+                    box_dims: #box_dims,
+                    element_strides: #element_strides,
+                })
+            };
+            let reference = programs(&defines);
+            let per_variant = usable.iter().map(|(_, u)| programs(&u.variant.defines));
+            quote!(#kopt::TensorMapDef {
+                name: #name,
+                buffer: #buffer,
+                reference: #reference,
+                variants: &[#(#per_variant),*],
+            })
+        })
+        .collect();
+    let constructor = if computed_defs.is_empty() && map_defs.is_empty() {
         quote!(#kopt::Kernel::new(#def))
     } else {
-        quote!(#kopt::Kernel::with_computed(#def, &[#(#computed_defs),*]))
+        quote!(#kopt::Kernel::with_args(#def, &[#(#computed_defs),*], &[#(#map_defs),*]))
     };
 
     // Cargo reruns the macro when any file it read changes.
@@ -300,11 +360,13 @@ pub fn generate(
             let __kopt_launch = #static_ident.prepare(__kopt_stream, &__kopt_args)?;
             #(#computed)*
             #(#ptrs)*
-            let mut __kopt_params: [*mut ::core::ffi::c_void; #n_params] = [#(#slots),*];
-            // SAFETY: the parameters match the kernel's declared signature in order and
-            // type, every buffer was checked against its declared length, and the pointers
-            // stay valid until the sync guards drop after the launch is enqueued.
-            unsafe { __kopt_launch.launch(__kopt_stream, &mut __kopt_params) }
+            #(#maps)*
+            let mut __kopt_pool: [*mut ::core::ffi::c_void; #n_params] = [#(#slots),*];
+            // SAFETY: each version's arguments, picked from the pool, match its declared
+            // signature in order and type, every buffer was checked against its declared
+            // length, and the pointers stay valid until the sync guards drop after the
+            // launch is enqueued.
+            unsafe { __kopt_launch.launch(__kopt_stream, &mut __kopt_pool) }
         }
 
         #[doc = concat!(" The kopt definition of [`", stringify!(#ident), "`]: its spec, variants, and which one runs where.")]
@@ -327,7 +389,14 @@ fn variant_def(
     launch: &spec::LaunchRule,
     defines: &BTreeMap<String, i64>,
     ptx: Option<(&str, &str, &str)>,
+    args: Option<&[String]>,
 ) -> TokenStream {
+    let order: Vec<u16> = spec
+        .version_args(args)
+        .expect("checked when the files were resolved")
+        .iter()
+        .map(|a| spec.pool_index(a) as u16)
+        .collect();
     let compile = |e: &crate::expr::Expr| {
         ops_tokens(
             kopt,
@@ -387,6 +456,7 @@ fn variant_def(
             smem: #smem,
             cluster: #cluster,
             ptx: #ptx,
+            args: &[#(#order),*],
         }
     }
 }

@@ -272,6 +272,11 @@ pub struct VariantFile {
     pub kernel: String,
     pub id: String,
     pub entry: String,
+    /// Its kernel arguments in order, when they are not the reference's: names of the
+    /// launcher's parameters, computed arguments and tensor maps
+    /// (`KernelSpec::version_args`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
     /// Launch geometry: expressions of the scalar arguments and this variant's defines.
     pub launch: LaunchRule,
     /// Preprocessor defines (`-DNAME=VALUE`), in name order.

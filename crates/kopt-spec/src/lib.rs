@@ -12,6 +12,8 @@
 //!   by the search and read by the report;
 //! - [`capture`]: what a program's launchers record with `KOPT_CAPTURE` (a manifest and
 //!   safetensors files), read back by `cargo kopt`;
+//! - [`tensor_map`]: TMA tensor maps as kernel arguments: their grammar, and the
+//!   driver's arguments they evaluate to;
 //! - [`codegen`]: the macro's expansion.
 
 pub mod capture;
@@ -24,5 +26,6 @@ pub mod selection;
 pub mod shapes;
 pub mod source;
 pub mod spec;
+pub mod tensor_map;
 
 pub use spec::KernelSpec;

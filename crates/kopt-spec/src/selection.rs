@@ -313,6 +313,22 @@ fn resolve_entry(
         spec.computed_program(c, launch, &defines)
             .map_err(|m| corrupt(format!("launch rule: {m}")))?;
     }
+    // Its arguments must name what the annotation declares, and its tensor maps compile
+    // under its defines.
+    spec.version_args(variant.args.as_deref())
+        .map_err(|m| corrupt(format!("arguments: {m}")))?;
+    for m in &spec.tensor_maps {
+        let fields = m
+            .dims
+            .iter()
+            .chain(m.box_dims.iter())
+            .chain(m.strides.iter().flatten())
+            .chain(m.element_strides.iter().flatten());
+        for e in fields {
+            spec.compile_expr(e, &defines)
+                .map_err(|err| corrupt(format!("tensor map `{}`: `{e}`: {err}", m.name)))?;
+        }
+    }
     let region = entry
         .region
         .as_deref()

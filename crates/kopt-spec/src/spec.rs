@@ -14,6 +14,7 @@ use syn::spanned::Spanned;
 use syn::{braced, bracketed, parenthesized, Ident, LitStr, Token};
 
 use crate::expr::{self, Expr, Ty, VarKind};
+use crate::tensor_map::{self, Evaluated, TensorMapArgs, TensorMapDecl, MAX_RANK};
 
 /// The element type of a device buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -233,6 +234,11 @@ pub enum Distribution {
     /// Integers uniform over `[lo, hi)`: indices into other buffers, such as a paged KV
     /// cache's block table.
     Range { lo: Expr, hi: Expr },
+    /// Integers spread evenly over `[lo, hi)` in an order drawn from the seed: element `i`
+    /// of the unshuffled list is `lo + floor(i * (hi - lo) / len)`. Every draw holds the
+    /// same values, so sums over them are known from the scalars; with `len == hi - lo`
+    /// it is a permutation (a block table whose sequences share no page).
+    Spread { lo: Expr, hi: Expr },
     /// Fixed contents, one expression of the scalars per element (a dims-and-strides
     /// array): the same for every seed and variation, so only the shape changes them.
     /// Integer expressions; a float buffer holds them converted (exactly, or the spec is
@@ -358,6 +364,8 @@ pub enum KernelArg {
     Param { name: String },
     /// An integer the launcher computes for every launch.
     Computed(ComputedArg),
+    /// A TMA tensor map of `tensor_maps`, encoded by the launcher, passed by value.
+    Map { name: String },
 }
 
 /// A kernel argument computed by the launcher: `block_size: i32 = block_x`.
@@ -371,6 +379,10 @@ pub struct ComputedArg {
     /// them) and the version's launch geometry ([`GEOMETRY_NAMES`]).
     pub value: Expr,
 }
+
+/// Most entries a launch's pool holds ([`KernelSpec::pool_index`]): parameters, computed
+/// arguments and tensor maps together. Each version's arguments are some of them.
+pub const MAX_LAUNCH_ARGS: usize = 64;
 
 /// The names a computed argument's expression may use for the launch geometry of the
 /// version that runs: its launch rule evaluated for the shape (`cluster_*` is 1 where the
@@ -401,6 +413,11 @@ pub enum KernelArgRef<'a> {
     Scalar { param: usize, def: &'a Scalar },
     /// A computed argument: its index among the computed arguments.
     Computed { index: usize, def: &'a ComputedArg },
+    /// A tensor map: its index in [`KernelSpec::tensor_maps`].
+    TensorMap {
+        index: usize,
+        def: &'a TensorMapDecl,
+    },
 }
 
 impl<'a> KernelArgRef<'a> {
@@ -409,6 +426,7 @@ impl<'a> KernelArgRef<'a> {
             KernelArgRef::Buffer { def, .. } => &def.name,
             KernelArgRef::Scalar { def, .. } => &def.name,
             KernelArgRef::Computed { def, .. } => &def.name,
+            KernelArgRef::TensorMap { def, .. } => &def.name,
         }
     }
 }
@@ -420,6 +438,8 @@ pub enum ArgValue {
     Buffer(usize),
     /// A scalar of this type.
     Scalar(ScalarTy, Number),
+    /// A tensor map over a buffer: `cuTensorMapEncodeTiled`'s arguments but the address.
+    TensorMap(TensorMapArgs),
 }
 
 /// A scalar's value in a shape: integers for sizes, floats for things like `eps`.
@@ -576,6 +596,9 @@ pub struct KernelSpec {
     /// own folder is always searched first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub include: Vec<String>,
+    /// TMA tensor maps over the buffers, which a version may take as arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_maps: Vec<TensorMapDecl>,
 }
 
 impl KernelSpec {
@@ -599,21 +622,12 @@ impl KernelSpec {
         self.scalars().map(|s| s.name.as_str()).collect()
     }
 
-    /// The kernel's arguments in launch order: the launcher's parameters named in `args`
-    /// and the computed ones, or every parameter when `args` is absent. Everything that
-    /// launches the kernel, or describes its signature, reads this.
+    /// The reference's arguments in launch order: the launcher's parameters named in
+    /// `args`, the computed ones and tensor maps, or every parameter when `args` is
+    /// absent. Everything that launches the reference, or describes its signature, reads
+    /// this; a variant's own list is [`Self::version_args`].
     pub fn kernel_args(&self) -> Vec<KernelArgRef<'_>> {
-        let param = |i: usize| match &self.params[i] {
-            Param::Buffer(b) => KernelArgRef::Buffer {
-                param: i,
-                buffer: self.params[..i]
-                    .iter()
-                    .filter(|p| matches!(p, Param::Buffer(_)))
-                    .count(),
-                def: b,
-            },
-            Param::Scalar(s) => KernelArgRef::Scalar { param: i, def: s },
-        };
+        let param = |i: usize| self.param_arg(i);
         let Some(list) = &self.args else {
             return (0..self.params.len()).map(param).collect();
         };
@@ -635,15 +649,165 @@ impl KernelSpec {
                         def: c,
                     }
                 }
+                KernelArg::Map { name } => self
+                    .tensor_map_arg(name)
+                    .expect("the parser refuses `args` naming an undeclared tensor map"),
             })
             .collect()
+    }
+
+    fn param_arg(&self, i: usize) -> KernelArgRef<'_> {
+        match &self.params[i] {
+            Param::Buffer(b) => KernelArgRef::Buffer {
+                param: i,
+                buffer: self.params[..i]
+                    .iter()
+                    .filter(|p| matches!(p, Param::Buffer(_)))
+                    .count(),
+                def: b,
+            },
+            Param::Scalar(s) => KernelArgRef::Scalar { param: i, def: s },
+        }
+    }
+
+    fn tensor_map_arg(&self, name: &str) -> Option<KernelArgRef<'_>> {
+        self.tensor_maps
+            .iter()
+            .position(|m| m.name == name)
+            .map(|index| KernelArgRef::TensorMap {
+                index,
+                def: &self.tensor_maps[index],
+            })
+    }
+
+    /// A version's arguments in launch order: `names` as a variant lists them (launcher
+    /// parameters, the annotation's computed arguments, tensor maps), or the reference's
+    /// ([`Self::kernel_args`]) when it lists none. Every buffer must be reached, directly
+    /// or through a map, and no name twice.
+    pub fn version_args(&self, names: Option<&[String]>) -> Result<Vec<KernelArgRef<'_>>, String> {
+        let Some(names) = names else {
+            return Ok(self.kernel_args());
+        };
+        let mut out: Vec<KernelArgRef<'_>> = Vec::with_capacity(names.len());
+        for (i, name) in names.iter().enumerate() {
+            if names[..i].contains(name) {
+                return Err(format!(
+                    "`{name}` is listed twice in the variant's arguments"
+                ));
+            }
+            let arg = if let Some(p) = self.params.iter().position(|p| p.name() == name) {
+                self.param_arg(p)
+            } else if let Some(m) = self.tensor_map_arg(name) {
+                m
+            } else if let Some((index, def)) = self
+                .computed_args()
+                .enumerate()
+                .find(|(_, c)| c.name == *name)
+            {
+                KernelArgRef::Computed { index, def }
+            } else {
+                let known: Vec<String> = self
+                    .params
+                    .iter()
+                    .map(|p| p.name().to_string())
+                    .chain(self.computed_args().map(|c| c.name.clone()))
+                    .chain(self.tensor_maps.iter().map(|m| m.name.clone()))
+                    .collect();
+                let hint = expr::closest(name, &known)
+                    .map(|c| format!("; did you mean `{c}`?"))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "the variant's arguments name `{name}`, which is not a parameter, computed argument or tensor map of `{}`{hint} (known: {})",
+                    self.name,
+                    known.join(", ")
+                ));
+            };
+            out.push(arg);
+        }
+        for b in self.buffers() {
+            let reached = out.iter().any(|a| match a {
+                KernelArgRef::Buffer { def, .. } => def.name == b.name,
+                KernelArgRef::TensorMap { def, .. } => def.buffer == b.name,
+                _ => false,
+            });
+            if !reached {
+                return Err(format!(
+                    "the variant's arguments do not reach buffer `{}`: list it, or a tensor map over it",
+                    b.name
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where an argument sits in the launch's pool, the one order every version's
+    /// arguments are picked from: the launcher's parameters in order, then the computed
+    /// arguments, then the tensor maps.
+    pub fn pool_index(&self, a: &KernelArgRef<'_>) -> usize {
+        let computed = self.computed_args().count();
+        match a {
+            KernelArgRef::Buffer { param, .. } | KernelArgRef::Scalar { param, .. } => *param,
+            KernelArgRef::Computed { index, .. } => self.params.len() + index,
+            KernelArgRef::TensorMap { index, .. } => self.params.len() + computed + index,
+        }
+    }
+
+    /// The size of the launch's pool ([`Self::pool_index`]).
+    pub fn pool_len(&self) -> usize {
+        self.params.len() + self.computed_args().count() + self.tensor_maps.len()
+    }
+
+    /// A tensor map's fields evaluated for a version (its defines and launch rule, as for
+    /// computed arguments) over the scalar arguments `args`, checked against the driver's
+    /// rules and the buffer's length.
+    pub fn tensor_map_args(
+        &self,
+        index: usize,
+        defines: &BTreeMap<String, i64>,
+        args: &[i64],
+    ) -> Result<TensorMapArgs, String> {
+        let m = &self.tensor_maps[index];
+        let (buffer, def) = self
+            .buffers()
+            .enumerate()
+            .find(|(_, b)| b.name == m.buffer)
+            .expect("the parser refuses a map over an unknown buffer");
+        let eval_list = |list: &[Expr], out: &mut [i64; MAX_RANK]| -> Result<usize, String> {
+            for (i, e) in list.iter().enumerate() {
+                let p = self.compile_expr(e, defines)?;
+                out[i] = expr::eval(&p, args)
+                    .map_err(|err| format!("tensor map `{}`: `{e}`: {err}", m.name))?;
+            }
+            Ok(list.len())
+        };
+        let (mut d, mut s, mut b, mut es) =
+            ([0; MAX_RANK], [0; MAX_RANK], [0; MAX_RANK], [1; MAX_RANK]);
+        let rank = eval_list(&m.dims, &mut d)?;
+        let ns = eval_list(m.strides.as_deref().unwrap_or(&[]), &mut s)?;
+        eval_list(&m.box_dims, &mut b)?;
+        eval_list(m.element_strides.as_deref().unwrap_or(&[]), &mut es)?;
+        let t = TensorMapArgs::new(
+            m,
+            buffer,
+            def.dtype,
+            Evaluated {
+                dims: &d[..rank],
+                strides: &s[..ns],
+                box_dims: &b[..rank],
+                element_strides: &es[..rank],
+            },
+        )?;
+        let len = expr::eval(&self.compile_expr(&def.len, &BTreeMap::new())?, args)
+            .map_err(|e| format!("`{}`: {e}", def.name))?;
+        t.check_extent(&m.name, &def.name, len.max(0) as u64)?;
+        Ok(t)
     }
 
     /// The computed kernel arguments, in order.
     pub fn computed_args(&self) -> impl Iterator<Item = &ComputedArg> {
         self.args.iter().flatten().filter_map(|a| match a {
             KernelArg::Computed(c) => Some(c),
-            KernelArg::Param { .. } => None,
+            KernelArg::Param { .. } | KernelArg::Map { .. } => None,
         })
     }
 
@@ -677,17 +841,19 @@ impl KernelSpec {
             .map_err(|m| format!("computed argument `{}` = `{}`: {m}", c.name, c.value))
     }
 
-    /// The kernel's argument values for one launch of a version (launch rule and
-    /// defines) on a shape: buffers by index, launcher scalars from the shape, computed
-    /// ones evaluated and checked against their type.
+    /// The kernel's argument values for one launch of a version (its argument list,
+    /// launch rule and defines) on a shape: buffers by index, launcher scalars from the
+    /// shape, computed ones evaluated and checked against their type, tensor maps
+    /// evaluated and checked ([`Self::tensor_map_args`]).
     pub fn kernel_arg_values(
         &self,
+        names: Option<&[String]>,
         launch: &LaunchRule,
         defines: &BTreeMap<String, i64>,
         values: &BTreeMap<String, Number>,
     ) -> Result<Vec<ArgValue>, String> {
         let args = self.value_args(values);
-        self.kernel_args()
+        self.version_args(names)?
             .into_iter()
             .map(|a| match a {
                 KernelArgRef::Buffer { buffer, .. } => Ok(ArgValue::Buffer(buffer)),
@@ -710,6 +876,9 @@ impl KernelSpec {
                     }
                     Ok(ArgValue::Scalar(def.ty, Number::Int(v)))
                 }
+                KernelArgRef::TensorMap { index, .. } => Ok(ArgValue::TensorMap(
+                    self.tensor_map_args(index, defines, &args)?,
+                )),
             })
             .collect()
     }
@@ -931,6 +1100,7 @@ enum DistDecl {
     Normal(f64, f64),
     Uniform(f64, f64),
     Range(Box<syn::Expr>, Box<syn::Expr>),
+    Spread(Box<syn::Expr>, Box<syn::Expr>),
     Values(Vec<syn::Expr>),
 }
 
@@ -993,7 +1163,7 @@ fn parse_buffer_modifier(input: ParseStream, d: &mut BufferDecl) -> syn::Result<
     let word: Ident = input.call(syn::ext::IdentExt::parse_any).map_err(|e| {
         syn::Error::new(
             e.span(),
-            "expected a buffer modifier: in, out, inout, normal(..), uniform(..), range(..), values(..) or tol(..)",
+            "expected a buffer modifier: in, out, inout, normal(..), uniform(..), range(..), spread(..), values(..) or tol(..)",
         )
     })?;
     let span = word.span();
@@ -1024,19 +1194,27 @@ fn parse_buffer_modifier(input: ParseStream, d: &mut BufferDecl) -> syn::Result<
             }
             set_once(&mut d.distribution, (DistDecl::Uniform(lo, hi), span), "distribution")
         }
-        "range" => {
+        word @ ("range" | "spread") => {
             let c;
             parenthesized!(c in input);
             let r: syn::ExprRange = c.parse().map_err(|e| {
-                syn::Error::new(e.span(), "expected `range(lo..hi)` (half-open, expressions of the scalars)")
+                syn::Error::new(
+                    e.span(),
+                    format!("expected `{word}(lo..hi)` (half-open, expressions of the scalars)"),
+                )
             })?;
             let (Some(lo), Some(hi)) = (r.start, r.end) else {
-                return Err(syn::Error::new(span, "range(lo..hi) needs both bounds"));
+                return Err(syn::Error::new(span, format!("{word}(lo..hi) needs both bounds")));
             };
             if matches!(r.limits, syn::RangeLimits::Closed(_)) {
                 return Err(syn::Error::new(span, "write a half-open range `lo..hi`"));
             }
-            set_once(&mut d.distribution, (DistDecl::Range(lo, hi), span), "distribution")
+            let decl = if word == "range" {
+                DistDecl::Range(lo, hi)
+            } else {
+                DistDecl::Spread(lo, hi)
+            };
+            set_once(&mut d.distribution, (decl, span), "distribution")
         }
         "values" => {
             let c;
@@ -1063,7 +1241,7 @@ fn parse_buffer_modifier(input: ParseStream, d: &mut BufferDecl) -> syn::Result<
         other => Err(syn::Error::new(
             span,
             format!(
-                "unknown buffer modifier `{other}`; expected in, out, inout, normal(mean, std), uniform(lo..hi), range(lo..hi), values(a, b, ..) or tol(rtol = .., atol = ..)"
+                "unknown buffer modifier `{other}`; expected in, out, inout, normal(mean, std), uniform(lo..hi), range(lo..hi), spread(lo..hi), values(a, b, ..) or tol(rtol = .., atol = ..)"
             ),
         )),
     }
@@ -1166,6 +1344,7 @@ const KEYS: &[&str] = &[
     "options",
     "include",
     "args",
+    "tensor_maps",
 ];
 
 fn parse_signature(item: &syn::ItemFn) -> syn::Result<Launcher> {
@@ -1628,13 +1807,15 @@ fn build_spec(
                         }
                         Some(Distribution::Uniform { lo: *lo, hi: *hi })
                     }
-                    (Some((DistDecl::Range(lo, hi), sp)), _) => {
+                    (Some((DistDecl::Range(lo, hi) | DistDecl::Spread(lo, hi), sp)), _) => {
                         if dtype.is_float() {
                             return Err(syn::Error::new(*sp, format!("`{ident}` holds floats ({dtype}); use `normal(mean, std)` or `uniform(lo..hi)`")));
                         }
-                        Some(Distribution::Range {
-                            lo: expr::from_syn(lo, Ty::Int, &scalar_only, &scalar_int_names)?,
-                            hi: expr::from_syn(hi, Ty::Int, &scalar_only, &scalar_int_names)?,
+                        let lo = expr::from_syn(lo, Ty::Int, &scalar_only, &scalar_int_names)?;
+                        let hi = expr::from_syn(hi, Ty::Int, &scalar_only, &scalar_int_names)?;
+                        Some(match d.distribution {
+                            Some((DistDecl::Spread(..), _)) => Distribution::Spread { lo, hi },
+                            _ => Distribution::Range { lo, hi },
                         })
                     }
                     (Some((DistDecl::Values(items), _)), _) => Some(Distribution::Values {
@@ -1675,8 +1856,33 @@ fn build_spec(
     }
 
     // --- the kernel's arguments, when they are not the launcher's parameters
+    let tensor_maps = match keys.get("tensor_maps") {
+        Some((_, v)) => {
+            let buffers: Vec<(String, DType)> = params
+                .iter()
+                .filter_map(|p| match p {
+                    Param::Buffer(b) => Some((b.name.clone(), b.dtype)),
+                    Param::Scalar(_) => None,
+                })
+                .collect();
+            let taken: Vec<String> = params
+                .iter()
+                .map(|p| p.name().to_string())
+                .chain(tunables.iter().map(|t| t.name.clone()))
+                .collect();
+            tensor_map::parse(v.clone(), &buffers, &taken, &var_kind, &int_names)?
+        }
+        None => Vec::new(),
+    };
     let args = match keys.get("args") {
-        Some((_, v)) => build_args(v.clone(), &launcher, &params, &tunables, &tunable_spans)?,
+        Some((_, v)) => build_args(
+            v.clone(),
+            &launcher,
+            &params,
+            &tunables,
+            &tunable_spans,
+            &tensor_maps,
+        )?,
         None => None,
     };
 
@@ -1847,7 +2053,18 @@ fn build_spec(
         constraints,
         options: options.into_iter().map(|(o, _)| o).collect(),
         include: include.into_iter().map(|(p, _)| p).collect(),
+        tensor_maps,
     };
+    if spec.pool_len() > MAX_LAUNCH_ARGS {
+        return Err(syn::Error::new(
+            call_site,
+            format!(
+                "`{}` has {} parameters, computed arguments and tensor maps; kopt's launcher takes at most {MAX_LAUNCH_ARGS}",
+                spec.name,
+                spec.pool_len()
+            ),
+        ));
+    }
     check_shapes_against_spec(
         &spec,
         keys.get("shapes")
@@ -1915,6 +2132,7 @@ fn build_args(
     params: &[Param],
     tunables: &[Tunable],
     tunable_spans: &[(String, Span)],
+    tensor_maps: &[TensorMapDecl],
 ) -> syn::Result<Option<Vec<KernelArg>>> {
     let (list_span, decls) = parse_arg_list(v)?;
     let fname = &launcher.ident;
@@ -1996,15 +2214,23 @@ fn build_args(
         }
         listed.push(name.clone());
         let is_param = param_names.contains(&name);
+        let is_map = tensor_maps.iter().any(|m| m.name == name);
         match (&d.ty, &d.value) {
             (None, None) if is_param => out.push(KernelArg::Param { name }),
+            (None, None) if is_map => out.push(KernelArg::Map { name }),
             (None, None) => {
-                let hint = expr::closest(&name, &param_names)
+                let known: Vec<String> = param_names
+                    .iter()
+                    .cloned()
+                    .chain(tensor_maps.iter().map(|m| m.name.clone()))
+                    .collect();
+                let hint = expr::closest(&name, &known)
                     .map(|c| format!("; did you mean `{c}`?"))
                     .unwrap_or_default();
+                let maps = if tensor_maps.is_empty() { "" } else { " nor a tensor map" };
                 return Err(syn::Error::new(
                     span,
-                    format!("`{name}` is not a parameter of `{fname}`{hint} (a computed argument is written `{name}: i32 = <expression>`)"),
+                    format!("`{name}` is not a parameter of `{fname}`{maps}{hint} (a computed argument is written `{name}: i32 = <expression>`)"),
                 ));
             }
             (Some(ty), None) if is_param => {
@@ -2074,10 +2300,15 @@ fn build_args(
     }
     for p in params {
         match p {
-            Param::Buffer(b) if !listed.contains(&b.name) => {
+            Param::Buffer(b)
+                if !listed.contains(&b.name)
+                    && !tensor_maps
+                        .iter()
+                        .any(|m| m.buffer == b.name && listed.contains(&m.name)) =>
+            {
                 return Err(syn::Error::new(
                     list_span,
-                    format!("buffer `{0}` is not in `args`: every device buffer is passed to the kernel; add `{0}` where the kernel takes it", b.name),
+                    format!("buffer `{0}` is not in `args`: every device buffer is passed to the kernel, itself or through a tensor map; add `{0}` where the kernel takes it", b.name),
                 ))
             }
             Param::Scalar(s) if s.ty.is_float() && !listed.contains(&s.name) => {
@@ -2423,7 +2654,7 @@ fn check_shapes_against_spec(spec: &KernelSpec, span: Span) -> syn::Result<()> {
                 ));
             }
         }
-        if let Err(problem) = spec.kernel_arg_values(&spec.launch, &defines, &shape.values) {
+        if let Err(problem) = spec.kernel_arg_values(None, &spec.launch, &defines, &shape.values) {
             return Err(syn::Error::new(
                 span,
                 format!(
@@ -2596,6 +2827,7 @@ mod tests {
 
     fn values_of(spec: &KernelSpec, shape: usize) -> Vec<ArgValue> {
         spec.kernel_arg_values(
+            None,
             &spec.launch,
             &spec.default_defines(),
             &spec.shapes[shape].values,
@@ -2641,13 +2873,13 @@ mod tests {
         // A version's defines and launch rule give its own value.
         let defines = BTreeMap::from([("BLOCK".to_string(), 512)]);
         let v = spec
-            .kernel_arg_values(&spec.launch, &defines, &spec.shapes[0].values)
+            .kernel_arg_values(None, &spec.launch, &defines, &spec.shapes[0].values)
             .unwrap();
         assert_eq!(v[3], ArgValue::Scalar(ScalarTy::I32, Number::Int(512)));
         let mut launch = spec.launch.clone();
         launch.block[0] = Expr::Int(128);
         let v = spec
-            .kernel_arg_values(&launch, &defines, &spec.shapes[0].values)
+            .kernel_arg_values(None, &launch, &defines, &spec.shapes[0].values)
             .unwrap();
         assert_eq!(v[3], ArgValue::Scalar(ScalarTy::I32, Number::Int(128)));
         // The spec travels as JSON (jobs, the embedded definition) and reads back the same.
@@ -2689,7 +2921,7 @@ mod tests {
         .unwrap();
         let n = |v: ArgValue| match v {
             ArgValue::Scalar(_, n) => n.as_i64().unwrap(),
-            ArgValue::Buffer(_) => panic!("a buffer"),
+            ArgValue::Buffer(_) | ArgValue::TensorMap(_) => panic!("not a scalar"),
         };
         let v = values_of(&spec, 0);
         assert_eq!(
@@ -2700,7 +2932,12 @@ mod tests {
         let mut launch = spec.launch.clone();
         launch.cluster = Some([Expr::Int(2), Expr::Int(1), Expr::Int(1)]);
         let v = spec
-            .kernel_arg_values(&launch, &spec.default_defines(), &spec.shapes[0].values)
+            .kernel_arg_values(
+                None,
+                &launch,
+                &spec.default_defines(),
+                &spec.shapes[0].values,
+            )
             .unwrap();
         assert_eq!(n(v[4]), 512 + 4, "cluster_x follows the version's rule");
     }
@@ -2725,6 +2962,7 @@ mod tests {
                 KernelArgRef::Buffer { param, buffer, .. } => format!("b{param}/{buffer}"),
                 KernelArgRef::Scalar { param, .. } => format!("s{param}"),
                 KernelArgRef::Computed { index, .. } => format!("c{index}"),
+                KernelArgRef::TensorMap { index, .. } => format!("m{index}"),
             })
             .collect();
         assert_eq!(kinds, ["b1/1", "b0/0", "s3", "s2"]);

@@ -118,6 +118,7 @@ fn a_format_1_lock_is_read_and_rewritten_as_format_2() {
 #[test]
 fn variant_file_format() {
     let v = VariantFile {
+        args: None,
         format: FORMAT,
         kernel: "rmsnorm".into(),
         id: "vec8".into(),
@@ -153,6 +154,7 @@ fn a_variant_with_a_cluster_set_at_launch() {
         parse("1"),
     ]);
     let v = VariantFile {
+        args: None,
         format: FORMAT,
         kernel: "softmax".into(),
         id: "split".into(),

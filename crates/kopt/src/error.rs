@@ -81,6 +81,11 @@ pub enum Error {
         nvrtc: String,
         driver: String,
     },
+    #[error("`{kernel}`: {problem}; nothing was launched")]
+    TensorMap {
+        kernel: &'static str,
+        problem: String,
+    },
     #[error("kopt's capture or shadow checks: {0}")]
     Observe(String),
     #[error("`{kernel}` was used from more than {max} CUDA contexts")]

@@ -51,6 +51,10 @@ pub struct VariantDef {
     /// The PTX the variant's verification loaded, when its lock entry has one for this
     /// architecture: loaded through the driver at first launch, without NVRTC.
     pub ptx: Option<PtxDef>,
+    /// Its kernel arguments in order, as indices into the launch's pool (the launcher's
+    /// parameters, then the computed arguments, then the tensor maps:
+    /// `KernelSpec::pool_index`).
+    pub args: &'static [u16],
 }
 
 /// A variant's verified PTX, embedded at build from its `kernel.ptx`.
@@ -74,6 +78,31 @@ pub struct ComputedArgDef {
     /// Aligned with [`KernelDef::variants`].
     pub variants: &'static [&'static [Op]],
 }
+
+/// A tensor map of `tensor_maps`: its fields' programs for every version, since a
+/// variant's defines change them.
+#[derive(Debug)]
+pub struct TensorMapDef {
+    pub name: &'static str,
+    /// The buffer it describes, by index among the kernel's buffers.
+    pub buffer: usize,
+    pub reference: MapPrograms,
+    /// Aligned with [`KernelDef::variants`].
+    pub variants: &'static [MapPrograms],
+}
+
+/// A tensor map's fields as expression programs (empty `strides` or `element_strides`:
+/// the declaration leaves them out).
+#[derive(Debug)]
+pub struct MapPrograms {
+    pub dims: &'static [&'static [Op]],
+    pub strides: &'static [&'static [Op]],
+    pub box_dims: &'static [&'static [Op]],
+    pub element_strides: &'static [&'static [Op]],
+}
+
+/// Most arguments a kernel version takes through kopt's launcher.
+pub const MAX_KERNEL_ARGS: usize = kopt_spec::spec::MAX_LAUNCH_ARGS;
 
 /// A lock entry the build refused (stale or corrupt), kept so introspection can say why.
 #[derive(Debug)]
@@ -106,6 +135,9 @@ pub struct Kernel {
     def: KernelDef,
     /// The computed kernel arguments, in kernel-argument order (most kernels have none).
     computed: &'static [ComputedArgDef],
+    /// The tensor maps a version may take (most kernels have none).
+    maps: &'static [TensorMapDef],
+    map_cache: crate::tensor_map::Cache,
     spec: OnceLock<KernelSpec>,
     slots: [Slot; MAX_CONTEXTS],
     init: Mutex<()>,
@@ -147,6 +179,8 @@ pub struct Launch<'a> {
     function: &'a CudaFunction,
     kernel: &'static str,
     computed: &'static [ComputedArgDef],
+    /// The version's arguments as pool indices ([`VariantDef::args`]).
+    pub(crate) order: &'static [u16],
     /// The kernel, for what a launch does besides launching ([`crate::observe`]).
     pub(crate) owner: &'static Kernel,
     /// The scalar arguments it was prepared for (floats as 0).
@@ -186,32 +220,61 @@ impl Launch<'_> {
         })
     }
 
+    /// Tensor map number `index` for this launch's version over the buffer at `address`:
+    /// from the kernel's cache, else encoded ([`crate::tensor_map`]). A zeroed map when
+    /// the version does not take it.
+    #[doc(hidden)]
+    pub fn tensor_map(
+        &self,
+        index: usize,
+        address: u64,
+        args: &[i64],
+    ) -> Result<crate::tensor_map::TensorMap, Error> {
+        let k = self.owner;
+        if !self.order.contains(&(k.map_pool_base() + index as u16)) {
+            return Ok(crate::tensor_map::unused());
+        }
+        let map = k
+            .map_args(index, self.version, args)
+            .map_err(|problem| Error::TensorMap {
+                kernel: self.kernel,
+                problem,
+            })?;
+        k.map_cache
+            .get(self.kernel, index, k.maps[index].name, &map, address)
+    }
+
     /// Enqueues the kernel.
     ///
     /// # Safety
-    /// `params` must point to the kernel's arguments, in order and of the right types,
-    /// valid until the launch is enqueued; device buffers must be large enough.
+    /// `pool` must point to the launch's pool of arguments ([`VariantDef::args`]), each
+    /// of the right type, valid until the launch is enqueued; device buffers must be large
+    /// enough.
     pub unsafe fn launch(
         &self,
         stream: &CudaStream,
-        params: &mut [*mut c_void],
+        pool: &mut [*mut c_void],
     ) -> Result<(), Error> {
         stream.context().bind_to_thread().map_err(Error::driver)?;
         match crate::observe::observer()? {
-            None => self.enqueue(stream, params),
-            Some(o) => o.launch(self, stream, params),
+            None => self.enqueue(stream, pool),
+            Some(o) => o.launch(self, stream, pool),
         }
     }
 
-    /// Enqueues the kernel alone.
+    /// Enqueues the kernel alone, with its version's arguments picked from the pool.
     ///
     /// # Safety
     /// As [`Launch::launch`]; the stream's context is current.
     pub(crate) unsafe fn enqueue(
         &self,
         stream: &CudaStream,
-        params: &mut [*mut c_void],
+        pool: &[*mut c_void],
     ) -> Result<(), Error> {
+        let mut params = [std::ptr::null_mut(); MAX_KERNEL_ARGS];
+        for (p, &i) in params.iter_mut().zip(self.order) {
+            *p = pool[i as usize];
+        }
         crate::launch_kernel(
             self.function.cu_function(),
             self.grid,
@@ -219,7 +282,7 @@ impl Launch<'_> {
             self.cluster,
             self.smem,
             stream.cu_stream(),
-            params,
+            &mut params[..self.order.len()],
         )
     }
 }
@@ -297,15 +360,21 @@ pub fn disabled() -> bool {
 impl Kernel {
     #[doc(hidden)]
     pub const fn new(def: KernelDef) -> Self {
-        Self::with_computed(def, &[])
+        Self::with_args(def, &[], &[])
     }
 
-    /// A kernel whose launcher computes some of its arguments.
+    /// A kernel whose launcher computes some of its arguments, or encodes tensor maps.
     #[doc(hidden)]
-    pub const fn with_computed(def: KernelDef, computed: &'static [ComputedArgDef]) -> Self {
+    pub const fn with_args(
+        def: KernelDef,
+        computed: &'static [ComputedArgDef],
+        maps: &'static [TensorMapDef],
+    ) -> Self {
         Kernel {
             def,
             computed,
+            maps,
+            map_cache: crate::tensor_map::Cache::new(),
             spec: OnceLock::new(),
             slots: [const {
                 Slot {
@@ -453,6 +522,7 @@ impl Kernel {
             function,
             kernel: self.def.name,
             computed: self.computed,
+            order: def.args,
             owner: self,
             args,
             version: version.filter(|&i| loaded.variants[i].is_some()),
@@ -475,8 +545,72 @@ impl Kernel {
         }
         loaded.order.iter().find_map(|&i| {
             let (def, (f, _)) = (&self.def.variants[i], loaded.variants[i].as_ref()?);
-            region_holds(def, args).then_some((i, def, f))
+            (region_holds(def, args) && self.maps_problem(i, args).is_none()).then_some((i, def, f))
         })
+    }
+
+    /// Where the launch's pool holds the first tensor map.
+    fn map_pool_base(&self) -> u16 {
+        (self.def.buffers.len() + self.def.scalars.len() + self.computed.len()) as u16
+    }
+
+    /// Tensor map `index` evaluated for `version` (`None`: the reference) over `args`
+    /// and checked, as the engine's worker evaluates it (`KernelSpec::tensor_map_args`).
+    pub(crate) fn map_args(
+        &self,
+        index: usize,
+        version: Option<usize>,
+        args: &[i64],
+    ) -> Result<kopt_spec::tensor_map::TensorMapArgs, String> {
+        let def = &self.maps[index];
+        let programs = match version {
+            None => &def.reference,
+            Some(i) => &def.variants[i],
+        };
+        let decl = &self.spec().tensor_maps[index];
+        let eval = |ps: &[&'static [Op]], out: &mut [i64; kopt_spec::tensor_map::MAX_RANK]| {
+            for (o, p) in out.iter_mut().zip(ps) {
+                *o = expr::eval(p, args).map_err(|e| format!("tensor map `{}`: {e}", def.name))?;
+            }
+            Ok::<usize, String>(ps.len())
+        };
+        let (mut d, mut s, mut b, mut e) = ([0i64; 5], [0i64; 5], [0i64; 5], [1i64; 5]);
+        let rank = eval(programs.dims, &mut d)?;
+        let ns = eval(programs.strides, &mut s)?;
+        eval(programs.box_dims, &mut b)?;
+        eval(programs.element_strides, &mut e)?;
+        let buffer = &self.def.buffers[def.buffer];
+        let dtype = self
+            .spec()
+            .buffers()
+            .nth(def.buffer)
+            .map(|b| b.dtype)
+            .expect("the macro embeds the map's buffer");
+        let map = kopt_spec::tensor_map::TensorMapArgs::new(
+            decl,
+            def.buffer,
+            dtype,
+            kopt_spec::tensor_map::Evaluated {
+                dims: &d[..rank],
+                strides: &s[..ns],
+                box_dims: &b[..rank],
+                element_strides: &e[..rank],
+            },
+        )?;
+        let len = expr::eval(buffer.len, args).map_err(|e| format!("`{}`: {e}", buffer.name))?;
+        map.check_extent(def.name, buffer.name, len.max(0) as u64)?;
+        Ok(map)
+    }
+
+    /// Why variant `version` cannot take its tensor maps for `args` (the first map that
+    /// does not encode), or `None`: it then runs where its region holds, and the reference
+    /// elsewhere.
+    fn maps_problem(&self, version: usize, args: &[i64]) -> Option<String> {
+        let base = self.map_pool_base();
+        let order = self.def.variants[version].args;
+        (0..self.maps.len())
+            .filter(|&m| order.contains(&(base + m as u16)))
+            .find_map(|m| self.map_args(m, Some(version), args).err())
     }
 
     /// The reference's function in this context, compiled by NVRTC the first time.
@@ -641,7 +775,8 @@ impl Kernel {
                 missed.push(format!("`{}` cannot run here: {}", def.id, first_line(err)));
                 continue;
             }
-            if region_holds(def, args) {
+            let maps = self.maps_problem(i, args);
+            if region_holds(def, args) && maps.is_none() {
                 return Selection {
                     kernel: self.def.name,
                     variant: def.id,
@@ -656,8 +791,10 @@ impl Kernel {
                         .map(|(_, origin)| origin.clone()),
                 };
             }
-            if let Some(r) = &def.region {
+            if let Some(r) = def.region.as_ref().filter(|_| !region_holds(def, args)) {
                 missed.push(format!("`{}` claims only `{}`", def.id, r.text));
+            } else if let Some(problem) = maps {
+                missed.push(format!("`{}` cannot take its {problem}", def.id));
             }
         }
         for def in self

@@ -60,6 +60,7 @@ pub mod headers;
 mod kernel;
 mod launch;
 pub mod observe;
+pub mod tensor_map;
 
 pub use compile::{
     compile_cubin, compile_entry, compile_environment, compile_module, compile_native, compile_ptx,
@@ -70,8 +71,9 @@ pub use compile::{
 };
 pub use error::Error;
 pub use kernel::{
-    disabled, BufferDef, CodeOrigin, ComputedArgDef, Kernel, KernelDef, Launch, PtxDef, Reason,
-    RegionDef, Selection, UnusableDef, VariantDef, IGNORE_PTX, MAX_CONTEXTS,
+    disabled, BufferDef, CodeOrigin, ComputedArgDef, Kernel, KernelDef, Launch, MapPrograms,
+    PtxDef, Reason, RegionDef, Selection, TensorMapDef, UnusableDef, VariantDef, IGNORE_PTX,
+    MAX_CONTEXTS, MAX_KERNEL_ARGS,
 };
 pub use kopt_macros::kernel;
 pub use kopt_spec::{expr, spec, KernelSpec};

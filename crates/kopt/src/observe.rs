@@ -34,7 +34,7 @@ use kopt_spec::capture::{
     self, CaptureManifest, CaptureSettings, CaseCapture, Divergence, InputSample, KernelCapture,
     ShadowRecord, Tensor, ToleranceRule,
 };
-use kopt_spec::spec::{DType, Direction, KernelArgRef, Number, ScalarTy};
+use kopt_spec::spec::{DType, Direction, Number, ScalarTy};
 
 use crate::kernel::{Kernel, Launch};
 use crate::Error;
@@ -355,34 +355,28 @@ fn number_bits(n: Number) -> u64 {
 /// with a float scalar.
 ///
 /// # Safety
-/// `params` holds the kernel's arguments in [`KernelSpec::kernel_args`] order.
+/// `pool` holds the launch's pool ([`KernelSpec::pool_index`]): the parameters first.
 unsafe fn scalar_numbers(
     spec: &kopt_spec::KernelSpec,
     args: &[i64],
-    params: &[*mut c_void],
+    pool: &[*mut c_void],
 ) -> Vec<Number> {
-    let floats = spec.scalars().any(|s| s.ty.is_float());
-    let kernel_args = if floats {
-        spec.kernel_args()
-    } else {
-        Vec::new()
-    };
-    spec.scalars()
+    let scalars = spec
+        .params
+        .iter()
+        .zip(pool)
+        .filter_map(|(p, slot)| match p {
+            kopt_spec::spec::Param::Scalar(s) => Some((s, *slot)),
+            kopt_spec::spec::Param::Buffer(_) => None,
+        });
+    scalars
         .zip(args)
-        .map(|(s, &v)| {
-            if !s.ty.is_float() {
-                return Number::Int(v);
+        .map(|((s, slot), &v)| {
+            if s.ty.is_float() {
+                read_float(s.ty, slot)
+            } else {
+                Number::Int(v)
             }
-            kernel_args
-                .iter()
-                .zip(params)
-                .find_map(|(a, p)| match a {
-                    KernelArgRef::Scalar { def, .. } if def.name == s.name => {
-                        Some(read_float(def.ty, *p))
-                    }
-                    _ => None,
-                })
-                .unwrap_or(Number::Float(0.0))
         })
         .collect()
 }
@@ -414,7 +408,7 @@ unsafe fn device_ptr(p: *mut c_void) -> sys::CUdeviceptr {
 
 /// A buffer of a launch.
 struct Output {
-    /// Its slot among the kernel's parameters.
+    /// Its slot in the launch's pool (its parameter's position).
     slot: usize,
     name: &'static str,
     def: &'static kopt_spec::spec::Buffer,
@@ -422,18 +416,20 @@ struct Output {
     n: usize,
 }
 
-/// A kernel's buffers at this launch, in parameter order.
+/// A kernel's buffers at this launch, in parameter order (their slots in the launch's
+/// pool).
 fn buffers(kernel: &'static Kernel, args: &[i64]) -> Result<Vec<Output>, Error> {
     kernel
         .spec()
-        .kernel_args()
-        .into_iter()
+        .params
+        .iter()
         .enumerate()
-        .filter_map(|(slot, a)| match a {
-            KernelArgRef::Buffer { buffer, def, .. } => Some((slot, buffer, def)),
-            _ => None,
+        .filter_map(|(slot, p)| match p {
+            kopt_spec::spec::Param::Buffer(def) => Some((slot, def)),
+            kopt_spec::spec::Param::Scalar(_) => None,
         })
-        .map(|(slot, buffer, def)| {
+        .enumerate()
+        .map(|(buffer, (slot, def))| {
             let b = &kernel.def().buffers[buffer];
             let n = kopt_spec::expr::eval(b.len, args).map_err(|e| Error::Expr {
                 kernel: kernel.name(),
@@ -875,33 +871,45 @@ impl State {
         let spec = kernel.spec();
         let s = stream.cu_stream();
         let reference = kernel.reference_launch(stream, l.args)?;
-        // The reference's parameters: the scratch outputs, its own computed arguments.
-        let mut computed: Vec<[u8; 8]> = Vec::new();
+        // The reference's pool: the scratch outputs, its own computed arguments, and its
+        // own tensor maps (over the scratch outputs where they describe one).
         let mut slots: Vec<*mut c_void> = params.to_vec();
         let mut scratch = pre.scratch.clone();
         for (o, p) in pre.outputs.iter().zip(scratch.iter_mut()) {
             slots[o.slot] = p as *mut sys::CUdeviceptr as *mut c_void;
         }
-        let args_list = spec.kernel_args();
-        for a in &args_list {
-            if let KernelArgRef::Computed { index, def } = a {
-                let v: i64 = reference.computed(*index, l.args)?;
-                let mut cell = [0u8; 8];
-                match def.ty {
-                    ScalarTy::I32 | ScalarTy::U32 => {
-                        cell[..4].copy_from_slice(&(v as i32).to_le_bytes())
-                    }
-                    _ => cell.copy_from_slice(&v.to_le_bytes()),
+        let mut computed: Vec<[u8; 8]> = Vec::new();
+        for c in spec.computed_args() {
+            let v: i64 = reference.computed(computed.len(), l.args)?;
+            let mut cell = [0u8; 8];
+            match c.ty {
+                ScalarTy::I32 | ScalarTy::U32 => {
+                    cell[..4].copy_from_slice(&(v as i32).to_le_bytes())
                 }
-                computed.push(cell);
+                _ => cell.copy_from_slice(&v.to_le_bytes()),
             }
+            computed.push(cell);
         }
-        let mut ci = 0;
-        for (slot, a) in args_list.iter().enumerate() {
-            if matches!(a, KernelArgRef::Computed { .. }) {
-                slots[slot] = computed[ci].as_mut_ptr() as *mut c_void;
-                ci += 1;
-            }
+        let base = spec.params.len();
+        for (i, cell) in computed.iter_mut().enumerate() {
+            slots[base + i] = cell.as_mut_ptr() as *mut c_void;
+        }
+        let mut maps = Vec::with_capacity(spec.tensor_maps.len());
+        for (i, m) in spec.tensor_maps.iter().enumerate() {
+            let param = spec
+                .params
+                .iter()
+                .position(|p| p.name() == m.buffer)
+                .expect("the parser checks a map's buffer");
+            let address = match pre.outputs.iter().position(|o| o.slot == param) {
+                Some(o) => scratch[o],
+                None => device_ptr(params[param]),
+            };
+            maps.push(reference.tensor_map(i, address, l.args)?);
+        }
+        let base = base + computed.len();
+        for (i, map) in maps.iter_mut().enumerate() {
+            slots[base + i] = map as *mut _ as *mut c_void;
         }
         reference.enqueue(stream, &mut slots)?;
         // Compare each output with the reference's, then fetch the first failing element.

@@ -89,6 +89,7 @@ fn kernel(arch: &str) -> &'static Kernel {
         smem: program(&spec.launch.smem),
         cluster: None,
         ptx: None,
+        args: &[0, 1, 2, 3],
     };
     let buffers = leak(
         spec.buffers()

@@ -996,6 +996,9 @@ pub fn candidate_version(best: &KernelVersion, id: &str, r: &Resolved) -> Kernel
     if let Some(entry) = &r.proposal.candidate.entry {
         v.entry = entry.clone();
     }
+    if let Some(args) = &r.proposal.candidate.args {
+        v.args = Some(args.clone());
+    }
     // Code compiled ahead (or verified) belongs to the best's source, not the candidate's.
     v.ptx = None;
     v.cubin = None;

@@ -493,9 +493,7 @@ impl Backend for CudaBackend {
             }
             let mut p: Vec<Params> = pairs
                 .iter()
-                .map(|(src, dst)| Params {
-                    cells: vec![src.ptr, dst.ptr, vectors],
-                })
+                .map(|(src, dst)| Params::cells(vec![src.ptr, dst.ptr, vectors]))
                 .collect();
             // Every SM full (2048 threads), no more: the loop strides over the rest.
             let g = Geometry::plain(
@@ -667,9 +665,7 @@ impl CudaBackend {
         // SAFETY: `flag` holds 4 bytes.
         unsafe { cudarc::driver::result::memset_d8_async(flag.ptr, 0, 4, s.cu_stream()) }
             .map_err(|e| Stop::driver("memset", e))?;
-        let mut p = Params {
-            cells: vec![a, b, bytes as u64, flag.ptr],
-        };
+        let mut p = Params::cells(vec![a, b, bytes as u64, flag.ptr]);
         let g = Geometry::plain(
             [(bytes.div_ceil(256 * 16) as u32).clamp(1, 1024), 1, 1],
             [256, 1, 1],
@@ -892,6 +888,7 @@ impl CudaBackend {
         let mut step_progress =
             |what: &str, expect: Option<f64>| progress(&format!("{label}: {what}"), expect);
         let times = self.time_pair(
+            spec,
             policy,
             (ra, ca),
             (rf, rg),
@@ -981,7 +978,7 @@ impl CudaBackend {
         pristine: &Pristine,
     ) -> Result<f64, Stop> {
         self.restore(spec, bufs, pristine)?;
-        let mut p = params(kernel_args, bufs);
+        let mut p = params(spec, kernel_args, bufs)?;
         timed_launch(&self.stream, f, g, &mut p)
     }
 
@@ -1001,7 +998,7 @@ impl CudaBackend {
     ) -> Result<(Vec<Bytes>, Vec<String>, f64), Stop> {
         let s = self.stream.clone();
         self.restore(spec, bufs, pristine)?;
-        let mut p = params(kernel_args, bufs);
+        let mut p = params(spec, kernel_args, bufs)?;
         let launch_us = timed_launch(&s, f, g, &mut p)?;
         let mut outputs = Vec::new();
         let mut modified = Vec::new();
@@ -1048,6 +1045,7 @@ impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     fn time_pair(
         &mut self,
+        spec: &KernelSpec,
         policy: &TimingPolicy,
         kernel_args: (&[ArgValue], &[ArgValue]),
         r: (&CudaFunction, &Geometry),
@@ -1083,8 +1081,14 @@ impl CudaBackend {
             }
         }
         let all: Vec<&Buffers> = std::iter::once(base).chain(extra.iter()).collect();
-        let mut pr: Vec<Params> = all.iter().map(|b| params(kernel_args.0, b)).collect();
-        let mut pc: Vec<Params> = all.iter().map(|b| params(kernel_args.1, b)).collect();
+        let mut pr: Vec<Params> = all
+            .iter()
+            .map(|b| params(spec, kernel_args.0, b))
+            .collect::<Result<_, _>>()?;
+        let mut pc: Vec<Params> = all
+            .iter()
+            .map(|b| params(spec, kernel_args.1, b))
+            .collect::<Result<_, _>>()?;
         // A first plan from the checks' launches: how many warm-up launches, and which
         // versions are too slow for a graph.
         let first = policy.plan(launch_us, sets);
@@ -1432,24 +1436,68 @@ fn upload(s: &CudaStream, data: &[u8]) -> Result<DeviceBuf, String> {
     Ok(buf)
 }
 
-/// Kernel parameters: one 8-byte cell per argument (a device pointer, or a scalar's bytes
-/// in its low bytes), and the pointer array the driver reads.
+/// Kernel parameters: one 8-byte cell per pointer or scalar argument (a scalar's bytes in
+/// its low bytes), one encoded map per tensor map argument, and the order the driver reads
+/// them in.
 struct Params {
     cells: Vec<u64>,
+    maps: Vec<kopt::tensor_map::TensorMap>,
+    order: Vec<Slot>,
 }
 
-/// The cells of one launch from the version's kernel arguments
+enum Slot {
+    Cell(usize),
+    Map(usize),
+}
+
+impl Params {
+    /// Pointers and scalars only, in order.
+    fn cells(cells: Vec<u64>) -> Params {
+        Params {
+            order: (0..cells.len()).map(Slot::Cell).collect(),
+            cells,
+            maps: Vec::new(),
+        }
+    }
+}
+
+/// The parameters of one launch from the version's kernel arguments
 /// ([`KernelVersion::arg_values`]): launch-only scalars are not among them, computed ones
-/// are.
-fn params(kernel_args: &[ArgValue], bufs: &Buffers) -> Params {
-    let cells = kernel_args
-        .iter()
-        .map(|a| match *a {
-            ArgValue::Buffer(i) => bufs.dev[i].ptr,
-            ArgValue::Scalar(ty, v) => scalar_cell(ty, v),
-        })
-        .collect();
-    Params { cells }
+/// and tensor maps (encoded over this buffer set, as the launcher encodes them) are.
+fn params(spec: &KernelSpec, kernel_args: &[ArgValue], bufs: &Buffers) -> Result<Params, Stop> {
+    let mut p = Params {
+        cells: Vec::new(),
+        maps: Vec::new(),
+        order: Vec::with_capacity(kernel_args.len()),
+    };
+    for a in kernel_args {
+        match *a {
+            ArgValue::Buffer(i) => {
+                p.cells.push(bufs.dev[i].ptr);
+                p.order.push(Slot::Cell(p.cells.len() - 1));
+            }
+            ArgValue::Scalar(ty, v) => {
+                p.cells.push(scalar_cell(ty, v));
+                p.order.push(Slot::Cell(p.cells.len() - 1));
+            }
+            ArgValue::TensorMap(m) => {
+                let name = spec
+                    .tensor_maps
+                    .iter()
+                    .find(|d| {
+                        spec.buffers()
+                            .nth(m.buffer)
+                            .is_some_and(|b| b.name == d.buffer)
+                    })
+                    .map_or("?", |d| d.name.as_str());
+                let map = kopt::tensor_map::encode(name, &m, bufs.dev[m.buffer].ptr)
+                    .map_err(Stop::Error)?;
+                p.maps.push(map);
+                p.order.push(Slot::Map(p.maps.len() - 1));
+            }
+        }
+    }
+    Ok(p)
 }
 
 /// A scalar's bytes in the low bytes of a cell (little-endian, as the driver reads them).
@@ -1470,12 +1518,15 @@ fn launch(
     g: &Geometry,
     p: &mut Params,
 ) -> Result<(), kopt::Error> {
-    let mut ptrs: Vec<*mut c_void> = p
-        .cells
-        .iter_mut()
-        .map(|c| c as *mut u64 as *mut c_void)
+    let Params { cells, maps, order } = p;
+    let mut ptrs: Vec<*mut c_void> = order
+        .iter()
+        .map(|s| match *s {
+            Slot::Cell(i) => &mut cells[i] as *mut u64 as *mut c_void,
+            Slot::Map(i) => &mut maps[i] as *mut _ as *mut c_void,
+        })
         .collect();
-    // SAFETY: `ptrs` points at one cell per kernel parameter, in order, sized for it.
+    // SAFETY: `ptrs` points at one cell or map per kernel parameter, in order, sized for it.
     // The launcher's own path (kopt::launch_kernel), cluster attribute included.
     unsafe {
         kopt::launch_kernel(

@@ -781,14 +781,35 @@ impl FakeClock {
     }
 }
 
-/// `x y ncols=1000 block_size=256`: a version's kernel arguments as `expect-args` writes them.
-pub fn render_args(spec: &KernelSpec, values: &[ArgValue]) -> String {
-    spec.kernel_args()
+/// `x y ncols=1000 block_size=256 x_map=tma(64x32/8x32,swizzle=none)`: a version's kernel
+/// arguments as `expect-args` writes them (a map as its dims, then its box).
+pub fn render_args(spec: &KernelSpec, v: &KernelVersion, values: &[ArgValue]) -> String {
+    let names = spec.version_args(v.args.as_deref()).unwrap_or_default();
+    names
         .iter()
         .zip(values)
         .map(|(a, v)| match v {
             ArgValue::Buffer(_) => a.name().to_string(),
             ArgValue::Scalar(_, n) => format!("{}={n}", a.name()),
+            ArgValue::TensorMap(m) => {
+                let r = m.rank as usize;
+                let join = |x: &[String]| x.join("x");
+                format!(
+                    "{}=tma({}/{},swizzle={})",
+                    a.name(),
+                    join(&m.dims[..r].iter().map(u64::to_string).collect::<Vec<_>>()),
+                    join(
+                        &m.box_dims[..r]
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                    ),
+                    match m.swizzle.bytes() {
+                        0 => "none".to_string(),
+                        b => b.to_string(),
+                    }
+                )
+            }
         })
         .collect::<Vec<_>>()
         .join(" ")
@@ -805,7 +826,7 @@ fn expectations(
     let d = Directives::parse(&v.source);
     let mut out = Vec::new();
     if let Some((_, want)) = d.get("expect-args") {
-        let got = render_args(spec, values);
+        let got = render_args(spec, v, values);
         if got != want.join(" ") {
             out.push(format!(
                 "fake device: `{}` was launched with arguments `{got}`, but its source expects `{}`",

@@ -205,11 +205,18 @@ impl Validity {
                 .map(|(s, v)| (s.name.clone(), crate::spec::Number::Int(*v)))
                 .collect();
             if spec
-                .kernel_arg_values(&spec.launch, &self.defines, &values)
+                .kernel_arg_values(None, &spec.launch, &self.defines, &values)
                 .is_err()
             {
                 return false;
             }
+        }
+        // Every declared tensor map must encode: a shape where one cannot (a row pitch
+        // that is no multiple of 16 bytes) is outside what a version taking it can run.
+        if (0..spec.tensor_maps.len())
+            .any(|i| spec.tensor_map_args(i, &self.defines, args).is_err())
+        {
+            return false;
         }
         match &self.region {
             None => true,

@@ -309,6 +309,7 @@ fn start_resolved(s: &Start) -> Resolved {
                 source: Some(s.version.source.clone()),
                 diff: None,
                 entry: Some(s.version.entry.clone()),
+                args: s.version.args.clone(),
             },
             launch: None,
             defines: s.version.defines.clone(),
