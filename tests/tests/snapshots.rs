@@ -107,6 +107,7 @@ fn crate_with_variant(
     variant_id: &str,
     (defines, block): (&[(&str, i64)], &str),
     ptx: Option<&str>,
+    variant_args: Option<&[&str]>,
 ) -> tempfile::TempDir {
     use kopt_spec::files::{self, LockEntry, LockFile, VariantFile, VerifiedBy};
     use kopt_spec::{selection::Hashes, source, spec};
@@ -140,7 +141,7 @@ fn crate_with_variant(
         kernel: s.name.clone(),
         id: variant_id.into(),
         entry: s.entry.clone(),
-        args: None,
+        args: variant_args.map(|a| a.iter().map(|s| s.to_string()).collect()),
         launch,
         defines: defines.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         options: vec![],
@@ -225,6 +226,7 @@ fn expansion_of_a_kernel_with_launch_only_computed_and_fixed_arguments() {
         "block-1024",
         (&[("BLOCK", 1024)], "min(BLOCK, next_pow2(cols / 2))"),
         Some(".version 9.0\n.target sm_90\n.address_size 64\n\n.visible .entry sum_rows_f32(\n)\n{\n\tret;\n}\n"),
+        None,
     );
     let pretty = expand_in(dir.path(), args, item);
     assert!(pretty.contains("id: \"block-1024\""), "{pretty}");
@@ -256,6 +258,7 @@ fn a_computed_argument_follows_each_versions_launch_rule() {
         "wide",
         (&[("BLOCK", 1024)], "BLOCK / 2"),
         None,
+        None,
     );
     let pretty = expand_in(dir.path(), args, item);
     let def = &pretty[pretty
@@ -267,8 +270,9 @@ fn a_computed_argument_follows_each_versions_launch_rule() {
         // The variant's `block = BLOCK / 2` under its `BLOCK = 1024`.
         "::kopt::ComputedArgDef{name:\"block_size\",ty:\"i32\",reference:&[::kopt::expr::Op::Int(256i64)],variants:&[&[::kopt::expr::Op::Bin(::kopt::expr::BinOp::Div),::kopt::expr::Op::Int(1024i64),::kopt::expr::Op::Int(2i64),],],"
     );
-    // The kernel gets x, y, ncols and the computed block size; `rows` only sizes the grid.
-    let params = &pretty[pretty.find("let mut __kopt_params").unwrap()..];
+    // The pool holds every parameter and the computed block size; the kernel gets x, y,
+    // ncols and the block size (`rows` only sizes the grid).
+    let params = &pretty[pretty.find("let mut __kopt_pool").unwrap()..];
     let params: Vec<&str> = params[..params.find("];").unwrap()]
         .lines()
         .skip(1)
@@ -280,10 +284,48 @@ fn a_computed_argument_follows_each_versions_launch_rule() {
         [
             "&__kopt_ptr0",
             "&__kopt_ptr1",
+            "&rows",
             "&ncols",
             "&__kopt_computed0"
         ]
     );
+    assert_eq!(
+        pretty.matches("args: &[0u16, 1u16, 3u16, 4u16]").count(),
+        2,
+        "{pretty}"
+    );
     assert!(pretty
         .contains("let __kopt_computed0: i32 = __kopt_launch.computed(0usize, &__kopt_args)?;"));
+}
+
+/// A variant that takes a tensor map where the reference takes the pointer: the pool gets
+/// the map, encoded for the version that runs, and each version picks its own arguments.
+#[test]
+fn expansion_of_a_variant_that_takes_a_tensor_map() {
+    let args = quote::quote! {
+        reference = "kernels/softmax.cu",
+        entry = "softmax_f32",
+        x: [rows * ncols],
+        y: [rows * ncols],
+        tensor_maps = { x_map: tensor_map(x, dims = [ncols, rows], box = [BOX, 1], l2_promotion = 128) },
+        args = (x, y, ncols, block_size: i32 = block_x),
+        grid = rows,
+        block = BLOCK,
+        shapes = [{ rows: 8192, ncols: 4096 }],
+        tunables = { BLOCK: 256 in [128, 256, 512, 1024], BOX: 64 in [64, 256] },
+    };
+    let item = quote::quote! {
+        pub fn softmax(stream: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, ncols: u32);
+    };
+    let dir = crate_with_variant(
+        "softmax.cu",
+        &args,
+        &item,
+        "tma",
+        (&[("BLOCK", 256), ("BOX", 256)], "BLOCK"),
+        None,
+        Some(&["x_map", "y", "ncols", "block_size"]),
+    );
+    let pretty = expand_in(dir.path(), args, item);
+    insta::assert_snapshot!(pretty);
 }

@@ -2815,6 +2815,106 @@ mod tests {
 
     /// candle's softmax: the launcher takes the row count, the kernel does not (it reads
     /// the row from blockIdx), and its last argument must equal the block size.
+    fn gemm_item() -> TokenStream {
+        quote! {
+            pub fn gemm(stream: &CudaStream, a: &CudaSlice<f16>, b: &CudaSlice<f16>, c: &mut CudaSlice<f16>, m: u32, n: u32, k: u32);
+        }
+    }
+
+    /// A GEMM whose reference takes pointers, with maps over A and B for variants.
+    fn gemm_with_maps(extra: TokenStream) -> syn::Result<KernelSpec> {
+        parse(
+            quote! {
+                reference = "kernels/gemm.cu",
+                a: [m * k], b: [k * n], c: [m * n],
+                tensor_maps = {
+                    a_map: tensor_map(a, dims = [k, m], box = [64, BM], swizzle = 128),
+                    b_map: tensor_map(b, dims = [n, k], box = [64, 64], swizzle = 128, l2_promotion = 256),
+                },
+                grid = (ceil_div(n, 128), ceil_div(m, BM)), block = 384,
+                tunables = { BM: 128 in [64, 128] },
+                shapes = [{ m: 512, n: 4096, k: 4096 }],
+                #extra
+            },
+            gemm_item(),
+        )
+    }
+
+    #[test]
+    fn a_variant_takes_tensor_maps_where_the_reference_takes_pointers() {
+        let spec = gemm_with_maps(quote!()).unwrap();
+        assert_eq!(spec.tensor_maps.len(), 2);
+        assert!(spec.args.is_none(), "the reference takes its parameters");
+        // The pool: 6 parameters, no computed argument, then the maps.
+        assert_eq!(spec.pool_len(), 8);
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let tma = names(&["a_map", "b_map", "c", "m", "n", "k"]);
+        let args = spec.version_args(Some(&tma)).unwrap();
+        let pool: Vec<usize> = args.iter().map(|a| spec.pool_index(a)).collect();
+        assert_eq!(pool, [6, 7, 2, 3, 4, 5]);
+        // Evaluated under the variant's defines: its BM sizes the box.
+        let defines: BTreeMap<String, i64> = [("BM".to_string(), 64)].into();
+        let values = spec.shapes[0].values.clone();
+        let v = spec
+            .kernel_arg_values(Some(&tma), &spec.launch, &defines, &values)
+            .unwrap();
+        let ArgValue::TensorMap(a) = v[0] else {
+            panic!("{v:?}")
+        };
+        assert_eq!(
+            (a.buffer, &a.dims[..2], a.strides[0], &a.box_dims[..2]),
+            (0, &[4096u64, 512][..], 8192, &[64u32, 64][..])
+        );
+        assert!(matches!(v[2], ArgValue::Buffer(2)));
+        // What a variant's list must be.
+        let err = |v: &[&str]| spec.version_args(Some(&names(v))).unwrap_err();
+        assert!(err(&["a_map", "c", "m", "n", "k"]).contains("do not reach buffer `b`"));
+        assert!(err(&["a_map", "b_map", "c", "c", "m"]).contains("`c` is listed twice"));
+        assert!(err(&["a_mapp", "b_map", "c"]).contains("did you mean `a_map`?"));
+        // A map over an output is fine; one whose box breaks the swizzle is refused.
+        let wide: BTreeMap<String, i64> = [("BM".to_string(), 512)].into();
+        let e = spec
+            .kernel_arg_values(Some(&tma), &spec.launch, &wide, &values)
+            .unwrap_err();
+        assert!(
+            e.contains("tensor map `a_map`: box[1] = `BM` is 512"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_reference_may_take_a_map_and_then_must_reach_every_buffer() {
+        let spec = gemm_with_maps(quote!(args = (a_map, b, c, m, n, k))).unwrap();
+        let args = spec.kernel_args();
+        assert!(matches!(args[0], KernelArgRef::TensorMap { index: 0, .. }));
+        let json = spec.canonical_json();
+        assert!(json.contains(r#"{"arg":"map","name":"a_map"}"#), "{json}");
+        let e = gemm_with_maps(quote!(args = (a_mapp, b, c, m, n, k)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nor a tensor map; did you mean `a_map`?"), "{e}");
+        let e = gemm_with_maps(quote!(args = (b, c, m, n, k)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("buffer `a` is not in `args`"), "{e}");
+        // A map that reaches past its buffer.
+        let e = parse(
+            quote! {
+                reference = "kernels/gemm.cu", a: [m * k], b: [k * n], c: [m * n],
+                tensor_maps = { a_map: tensor_map(a, dims = [k, m + 1], box = [64, 64]) },
+                args = (a_map, b, c, m, n, k),
+                grid = 1, block = 1, shapes = [{ m: 64, n: 64, k: 64 }],
+            },
+            gemm_item(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("tensor map `a_map` reaches byte 8320 of `a`, which holds 8192"),
+            "{e}"
+        );
+    }
+
     fn candle_item() -> TokenStream {
         quote! {
             pub fn softmax(stream: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, ncols: u32);

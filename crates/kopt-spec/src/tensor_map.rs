@@ -394,7 +394,7 @@ pub(crate) fn parse(
                 .unwrap_or_default();
             return Err(syn::Error::new(
                 m.buffer.span(),
-                format!("`{buffer}` is not a device buffer of the launcher{hint}: a tensor map describes one"),
+                format!("`{buffer}` is not a device buffer of the launcher (a tensor map describes one){hint}"),
             ));
         };
         let _ = dtype;
