@@ -272,3 +272,50 @@ fn a_cluster_set_at_launch_is_validated_and_carried_into_the_candidate() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn a_candidate_may_take_a_tensor_map_the_annotation_declares() {
+    let item = kopt_spec::spec::parse_item(
+        "pub fn scale(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: u32);"
+            .parse()
+            .unwrap(),
+    )
+    .unwrap();
+    let spec = kopt_spec::spec::parse_kernel(
+        "reference = \"k.cu\", x: [n], y: [n], tensor_maps = { x_map: tensor_map(x, dims = [n], box = [256]) }, grid = ceil_div(n, 256), block = 256, shapes = [{ n: 4096 }]"
+            .parse()
+            .unwrap(),
+        &item,
+    )
+    .unwrap()
+    .0;
+    let src = BEST.replace("const float* x", "const __grid_constant__ TensorMap x_map");
+    let with_args =
+        |args: serde_json::Value| reply(serde_json::json!({ "source": src, "args": args }));
+    let got = proposal::parse(
+        &with_args(serde_json::json!(["x_map", "y", "n"])),
+        &spec,
+        BEST,
+    )
+    .unwrap();
+    assert_eq!(
+        got[0].proposal.candidate.args.as_deref(),
+        Some(&["x_map".to_string(), "y".into(), "n".into()][..])
+    );
+    let errs = proposal::parse(
+        &with_args(serde_json::json!(["x_mapp", "y", "n"])),
+        &spec,
+        BEST,
+    )
+    .unwrap_err();
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("`candidate.args`") && e.contains("did you mean `x_map`?")),
+        "{errs:?}"
+    );
+    let errs = proposal::parse(&with_args(serde_json::json!(["y", "n"])), &spec, BEST).unwrap_err();
+    assert!(
+        errs.iter().any(|e| e.contains("do not reach buffer `x`")),
+        "{errs:?}"
+    );
+}
