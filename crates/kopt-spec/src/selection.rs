@@ -667,10 +667,17 @@ pub fn select<'a>(
 }
 
 /// Whether a usable entry's variant runs for `args`: its region and the constraints that
-/// depend on its build ([`KernelSpec::variant_applies`]) hold. A predicate that cannot be
-/// evaluated counts as "no", as in the launcher.
+/// depend on its build ([`KernelSpec::variant_applies`]) hold, and its tensor maps encode
+/// ([`KernelSpec::maps_problem`]). A predicate that cannot be evaluated counts as "no", as
+/// in the launcher.
 pub fn applies(spec: &KernelSpec, entry: &LockEntry, u: &UsableVariant, args: &[i64]) -> bool {
     let defines = &u.variant.defines;
+    if spec
+        .maps_problem(u.variant.args.as_deref(), defines, args)
+        .is_some()
+    {
+        return false;
+    }
     let region = entry.region.as_deref().unwrap_or_default();
     match spec.variant_applies(u.region.as_ref().map(|r| (region, r)), defines) {
         None => true,

@@ -752,6 +752,26 @@ impl KernelSpec {
         }
     }
 
+    /// Why a version taking `names` (its argument list) built with `defines` cannot take
+    /// its tensor maps for the scalar arguments `args`: the first map that does not encode.
+    /// `None`: it can. The launcher runs the reference where a variant cannot
+    /// (`kopt::Kernel`'s choice), and so does the CLI's choice of version
+    /// ([`crate::selection::applies`]).
+    pub fn maps_problem(
+        &self,
+        names: Option<&[String]>,
+        defines: &BTreeMap<String, i64>,
+        args: &[i64],
+    ) -> Option<String> {
+        let taken = self.version_args(names).ok()?;
+        taken.iter().find_map(|a| match a {
+            KernelArgRef::TensorMap { index, .. } => {
+                self.tensor_map_args(*index, defines, args).err()
+            }
+            _ => None,
+        })
+    }
+
     /// The size of the launch's pool ([`Self::pool_index`]).
     pub fn pool_len(&self) -> usize {
         self.params.len() + self.computed_args().count() + self.tensor_maps.len()
