@@ -16,14 +16,15 @@
 #             back), so that the rounds time them
 #   rounds    ROUNDS rounds (default 2), alternating, of `cargo kopt bench KERNELS` (->
 #             bench-i.json) and scripts/torch_compare.py on the same kernels (-> torch-i.json)
-# KERNELS: default "gemm paged_decode gqa_decode". Back in $OUT: hopper.tgz (logs, pending,
-# runs, accepted folders), the JSON files, summary.txt.
+# KERNELS: default "gemm paged_decode gqa_decode" (the GEMM's loop runs first, alone). Back
+# in $OUT, each as soon as it is made: hopper/ (logs, summary.txt), loop-*.tgz (pending/ and
+# runs/), accepted-*.tgz (the accepted kopt/ folders), bench-i.json, torch-i.json.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 STEPS="${STEPS:-tests optimize accept rounds}"
 ROOT="$PWD"
 W="$OUT/hopper"
-mkdir -p "$W/accepted"
+mkdir -p "$W"
 . "$ROOT/scripts/h200-steps.sh"
 S=.gpu/cuda-13000
 for f in "$S"/bin/*.xz; do
@@ -34,39 +35,45 @@ read -r -a KERNELS <<<"${KERNELS:-gemm paged_decode gqa_decode}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
     >"$W/nvidia-smi.txt" 2>&1
 if has tests; then
-    step tests-tma 150 env KOPT_GPU_TESTS="gpu_tma-test" bash scripts/gpu-tests.sh --staged "$S"
+    step tests-tma 100 env KOPT_GPU_TESTS="gpu_tma-test" bash scripts/gpu-tests.sh --staged "$S"
 fi
 cd "$ROOT/examples/llm-kernels"
 TARGET="$ROOT/target/kopt"
-if has optimize; then
-    step optimize "${OPTIMIZE_TIMEOUT:-360}" env KOPT_PROPOSALS="$PWD/agents/hopper" \
-        cargo kopt optimize "${KERNELS[@]}" --agent "cmd:$PWD/agents/scripted-agent.sh" \
-        --budget rounds=1 --no-ncu --step-timeout 150
-    step pending 60 cargo kopt pending
-    [ -d "$TARGET/pending" ] && cp -r "$TARGET/pending" "$W/pending"
-    [ -d "$TARGET/runs" ] && cp -r "$TARGET/runs" "$W/runs"
-fi
-if has accept; then
-    for k in "${KERNELS[@]}"; do
-        step "accept-$k" 60 cargo kopt accept "$k" --arch sm_90 --no-cases
-        [ -d "kopt/$k" ] && cp -r "kopt/$k" "$W/accepted/"
-    done
-fi
+# The loop on one group of kernels, its winners accepted here; what it left comes back at
+# once (a later step may run past the device's limit).
+loop() { # loop NAME SECONDS KERNEL...
+    local name=$1 secs=$2
+    shift 2
+    if has optimize; then
+        step "optimize-$name" "$secs" env KOPT_PROPOSALS="$PWD/agents/hopper" \
+            cargo kopt optimize "$@" --agent "cmd:$PWD/agents/scripted-agent.sh" \
+            --budget rounds=1 --no-ncu --step-timeout 120
+        tar czf "$OUT/loop-$name.tgz" -C "$TARGET" pending runs 2>/dev/null
+    fi
+    if has accept; then
+        for k in "$@"; do
+            step "accept-$k" 30 cargo kopt accept "$k" --arch sm_90 --no-cases
+        done
+        tar czf "$OUT/accepted-$name.tgz" $(for k in "$@"; do echo "kopt/$k"; done) 2>/dev/null
+    fi
+}
+loop gemm "${GEMM_TIMEOUT:-150}" gemm
+DECODE=()
+for k in "${KERNELS[@]}"; do [ "$k" != gemm ] && DECODE+=("$k"); done
+[ ${#DECODE[@]} -gt 0 ] && loop decode "${DECODE_TIMEOUT:-170}" "${DECODE[@]}"
 if has rounds; then
     torch_kernels=$(printf '%s\n' "${KERNELS[@]}" | sed -e 's/^gemm$/matmul/' | paste -sd,)
     for ((i = 1; i <= ${ROUNDS:-2}; i++)); do
         cd "$ROOT/examples/llm-kernels"
         echo "== bench-$i"
         t0=$SECONDS
-        timeout "${BENCH_TIMEOUT:-150}" cargo kopt bench "${KERNELS[@]}" --no-cache --message-format json \
+        timeout "${BENCH_TIMEOUT:-90}" cargo kopt bench "${KERNELS[@]}" --no-cache --message-format json \
             >"$OUT/bench-$i.json" 2>"$W/bench-$i.stderr"
         echo "   bench-$i: exit $? after $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
         tail -n 3 "$W/bench-$i.stderr"
         cd "$ROOT"
-        step "torch-$i" "${TORCH_TIMEOUT:-150}" env PYTHONUNBUFFERED=1 python3 scripts/torch_compare.py \
-            --out "$OUT/torch-$i.json" --kernels "$torch_kernels" --compile-budget-s 60
+        step "torch-$i" "${TORCH_TIMEOUT:-120}" env PYTHONUNBUFFERED=1 python3 scripts/torch_compare.py \
+            --out "$OUT/torch-$i.json" --kernels "$torch_kernels" --compile-budget-s 45
     done
 fi
-cd "$ROOT"
-tar czf "$OUT/hopper.tgz" -C "$OUT" hopper && rm -rf "$W"
 ls -la "$OUT"
