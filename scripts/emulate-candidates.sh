@@ -58,6 +58,17 @@ void push_pair(float2*, unsigned long long*, unsigned, float, float) { abort(); 
 void wait_exchange(unsigned long long*) { abort(); }
 __device__ __forceinline__ void warp_merge''')
 open(f"{work}/sm.cpp", "w").write(s)
+# paged_decode: the candidate, the blocks of a cluster side by side (its merge reads their
+# shared memory), with paged_ptx_emu.h's intrinsics; and the reference kernel, common.cuh
+# inlined.
+conv(source('paged_decode'), 'paged.cpp', gqa=True, dyn_smem=True, block_shared=True)
+s = open(f"{work}/paged.cpp").read().replace('#include "gqa_ptx_emu.h"', '#include "paged_ptx_emu.h"')
+open(f"{work}/paged.cpp", "w").write(s)
+kernels = f"{agents}/../kernels"
+common = open(f"{kernels}/common.cuh").read().replace('#pragma once', '').replace('#include <cuda_fp16.h>', '')
+s = open(f"{kernels}/paged_decode.cu").read()
+s = s.replace('#include "common.cuh"', '#include "emu.h"\n#include "paged_ptx_emu.h"\n' + common)
+open(f"{work}/paged_ref.cpp", "w").write(s.replace('extern "C" __global__', ''))
 PY
 cd "$work"
 # The candidates reinterpret uint4 registers as __half2, as CUDA code does; in host C++
@@ -153,3 +164,90 @@ for geometry in "-DWARPS=8 -DSTAGES=3" "-DWARPS=4 -DSTAGES=3" "-DWARPS=8 -DSTAGE
 done
 echo "gqa_decode_pipe: $fails failed"
 [ "$fails" -eq 0 ]
+# paged_decode (kernels/paged_decode.cu, the reference, and agents/paged_decode.cu, the
+# candidate): q_heads kv_heads page_size LENS [cluster]. Pages of 16, 64, 32 and 80 keys;
+# groups of 1, 3, 4 and 8 query heads; lengths of 0 and 1, below a tile, not a multiple of
+# the page, equal ones (the candidate's longest-first ranking breaks ties by index); rows
+# past a sequence and unused pages hold NaN. The candidate also: its rule's clusters (8 at
+# these few work items) and overrides of 1 (no cluster; one block streams 4100 keys, 65
+# tiles a warp, so the page indices it prefetches 32 tiles at a time roll over twice), 3
+# and 7 (odd sizes), clusters with more blocks than tiles (empty blocks), and, on the short
+# shapes, 8 warps, rings of 2 and 4 stages, the batch's own order (SORT_MAX 2) and copies
+# landing at issue (eager) as well as at their wait (deferred).
+g++ $flags -DREF paged_test.cpp -o paged_ref_test
+paged_shapes=("8 2 16 1,17,100,333" "8 2 64 64,65,1,200" "32 8 16 300,47" "4 4 16 129"
+    "24 8 80 500,1,161" "16 2 32 777,40" "8 2 16 5,5,0,300,5")
+for s in "${paged_shapes[@]}"; do
+    ./paged_ref_test $s || fails=$((fails + 1))
+done
+echo "paged_decode reference: $fails failed"
+[ "$fails" -eq 0 ]
+paged_long=("8 1 16 4100 1" "8 1 64 4100 1" "8 1 16 4100" "8 2 16 1,17,100,333 1"
+    "8 2 16 1,17,100,333 3" "8 2 16 2,3" "8 2 64 1000,999,3000 7")
+paged_short=("8 2 16 1,17,100,333" "8 2 64 64,65,1,200" "24 8 80 500,1,161" "8 2 16 5,5,0,300,5"
+    "8 2 16 2,3" "8 2 16 1,17,100,333 1" "8 1 16 1200 1")
+for geometry in "" "-DWARPS=8" "-DSTAGES=2" "-DSTAGES=4" "-DSORT_MAX=2"; do
+    for copies in "" "-DCP_ASYNC_EAGER"; do
+        bin="paged_test${geometry// /}$copies"
+        g++ $flags $geometry $copies paged_test.cpp -o "$bin"
+        if [ -z "$geometry$copies" ]; then shapes=("${paged_shapes[@]}" "${paged_long[@]}"); else shapes=("${paged_short[@]}"); fi
+        for s in "${shapes[@]}"; do
+            "./$bin" $s || fails=$((fails + 1))
+        done
+    done
+done
+echo "paged_decode candidate: $fails failed"
+[ "$fails" -eq 0 ]
+
+# gqa_decode_v3 (agents/gqa_decode_v3.cu, proposals[0] of gqa_decode_v3.proposal.json):
+# its own conversion (the relaxed cluster arrive and the pushes into other blocks' shared
+# memory are emulated in gqa_v3_emu.h) and driver (gqa_v3_test.cpp: batch q_heads kv_heads
+# seq_len WAVE_BLOCKS CLUSTER GROUPS FEW_BLOCKS [splits cluster]). The proposal's rule
+# (WAVE_BLOCKS 128, CLUSTER 8, GROUPS 1, FEW_BLOCKS 64): no split from 65 work items up
+# (batch 9: 72), one cluster of P blocks per item (batch 8: 2; batch 2: 8), grids of at most
+# 64 blocks on the 12-warp ring (batch 1); G clusters per item merged through the scratch
+# (CLUSTER 2 GROUPS 8, CLUSTER 4 GROUPS 4, CLUSTER 1: no cluster, every split through the
+# scratch); forced grids with empty trailing splits and clusters of 16 (non-portable).
+# Groups of 1, 2, 3, 4, 8, 11 and 16 query heads; fewer keys than a tile. On short shapes
+# also each ring geometry alone (FEW_BLOCKS 0 and 100000), copies landing early, the other
+# refill orders, and other warp and stage counts.
+python3 - "$agents" "$work" "$here" <<'PY'
+import re, sys
+agents, work = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+from scripted_agent import resolved_set
+s = resolved_set(f"{agents}/gqa_decode_v3.proposal.json")["proposals"][0]["candidate"]["source"]
+s = s.replace('#include <cuda_fp16.h>', '#include "emu.h"').replace('extern "C" __global__', '')
+# Blocks of a cluster run side by side: each its own static shared variables.
+s = re.sub(r'__shared__ (?:__align__\(\d+\) )?(\w+) (\w+)((?:\[[^\]]+\])*);',
+           r'auto& \2 = block_shared<\1\3>("\2");', s)
+s = re.sub(r'// PTX-BEGIN.*?// PTX-END', '#include "gqa_v3_emu.h"', s, flags=re.S)
+s = s.replace('extern __shared__ __align__(128) unsigned char smem[];', 'unsigned char* smem = g_dyn_smem;')
+s = s.replace('return *reinterpret_cast<const unsigned int*>(&h);', 'unsigned int r; memcpy(&r, &h, 4); return r;')
+assert '__shared__' not in s, "gqa_decode_v3: a __shared__ declaration was not rewritten"
+open(f"{work}/gqa_v3.cpp", "w").write(s)
+PY
+v3_fails=0
+v3_shapes=("8 32 8 200 128 8 1 64" "8 32 8 1 128 8 1 64" "9 32 8 1 128 8 1 64" "9 32 8 40 128 8 1 64"
+    "2 32 8 300 128 8 1 64" "1 32 8 1 128 8 1 64" "1 32 8 5 128 8 1 64" "1 32 8 17 128 8 1 64"
+    "1 32 8 1000 128 8 1 64" "1 32 8 4099 128 8 1 64" "1 32 8 700 128 4 4 64" "1 32 8 77 128 1 16 64"
+    "1 32 8 1000 128 2 8 64" "3 16 8 333 128 8 1 64" "1 64 8 515 128 8 1 64" "1 64 4 300 128 8 1 64"
+    "2 24 8 200 128 8 1 64" "1 8 8 129 128 8 1 64" "2 33 3 77 128 4 4 64" "1 32 8 40 128 2 8 64 16 2"
+    "1 32 8 31 128 8 1 64 16 16" "1 16 16 31 128 2 8 64 16 16" "1 32 8 600 128 1 16 64 12 1"
+    "2 32 8 2049 128 8 1 64" "1 32 8 2 128 4 4 64")
+v3_short=("8 32 8 100 128 8 1 0" "8 32 8 100 128 8 1 100000" "1 32 8 5 128 8 1 0"
+    "1 32 8 383 128 8 1 100000" "2 33 3 77 128 4 4 100000"
+    "1 32 8 40 128 2 8 0 16 2" "1 16 16 31 128 2 8 100000 16 16" "9 32 8 1 128 8 1 100000"
+    "1 32 8 600 128 1 16 0")
+for geometry in "" "-DEARLY_REFILL=0 -DEARLY_FEW=1" "-DWARPS=4 -DSTAGES=2 -DWARPS_FEW=8 -DSTAGES_FEW=3"; do
+    for copies in "" "-DCP_ASYNC_EAGER"; do
+        bin="gqa_v3_test${geometry// /}$copies"
+        g++ $flags $geometry $copies gqa_v3_test.cpp -o "$bin"
+        if [ -z "$geometry$copies" ]; then shapes=("${v3_shapes[@]}"); else shapes=("${v3_short[@]}"); fi
+        for s in "${shapes[@]}"; do
+            "./$bin" $s || v3_fails=$((v3_fails + 1))
+        done
+    done
+done
+echo "gqa_decode_v3: $v3_fails failed"
+[ "$v3_fails" -eq 0 ]

@@ -14,11 +14,12 @@
 #             agents/hopper/ (KOPT_PROPOSALS), one round, no ncu; pending/ and runs/ come back
 #   accept    the pending winners accepted in this machine's copy (their kopt/ folders come
 #             back), so that the rounds time them
-#   rounds    ROUNDS rounds (default 2), alternating, of `cargo kopt bench KERNELS` (->
-#             bench-i.json) and scripts/torch_compare.py on the same kernels (-> torch-i.json)
-# KERNELS: default "gemm paged_decode gqa_decode" (the GEMM's loop runs first, alone). Back
-# in $OUT, each as soon as it is made: hopper/ (logs, summary.txt), loop-*.tgz (pending/ and
-# runs/), accepted-*.tgz (the accepted kopt/ folders), bench-i.json, torch-i.json.
+#   rounds    two rounds, alternating, of `cargo kopt bench K` (-> bench-K-i.json) and
+#             scripts/torch_compare.py on the same kernel (-> torch-K-i.json)
+# KERNELS: default "gemm paged_decode gqa_decode", in order of priority: each kernel's loop,
+# accept and first round run before the next kernel's. Back in $OUT, each as soon as it is
+# made: hopper/ (logs, summary.txt), loop-K.tgz (pending/ and runs/), accepted-K.tgz (the
+# accepted kopt/ folder), bench-K-i.json, torch-K-i.json.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 STEPS="${STEPS:-tests optimize accept rounds}"
@@ -44,6 +45,7 @@ TARGET="$ROOT/target/kopt"
 loop() { # loop NAME SECONDS KERNEL...
     local name=$1 secs=$2
     shift 2
+    cd "$ROOT/examples/llm-kernels"
     if has optimize; then
         step "optimize-$name" "$secs" env KOPT_PROPOSALS="$PWD/agents/hopper" \
             cargo kopt optimize "$@" --agent "cmd:$PWD/agents/scripted-agent.sh" \
@@ -57,23 +59,28 @@ loop() { # loop NAME SECONDS KERNEL...
         tar czf "$OUT/accepted-$name.tgz" $(for k in "$@"; do echo "kopt/$k"; done) 2>/dev/null
     fi
 }
-loop gemm "${GEMM_TIMEOUT:-150}" gemm
-DECODE=()
-for k in "${KERNELS[@]}"; do [ "$k" != gemm ] && DECODE+=("$k"); done
-[ ${#DECODE[@]} -gt 0 ] && loop decode "${DECODE_TIMEOUT:-170}" "${DECODE[@]}"
+# One kernel at a time, in the order of KERNELS: its loop, its accept, then a round of
+# bench and PyTorch; then the second rounds. Everything written so far comes back if the
+# device's limit cuts the run short.
+round() { # round I KERNEL
+    local i=$1 k=$2 tk
+    tk=$(echo "$k" | sed -e 's/^gemm$/matmul/')
+    cd "$ROOT/examples/llm-kernels"
+    echo "== bench-$k-$i"
+    t0=$SECONDS
+    timeout "${BENCH_TIMEOUT:-90}" cargo kopt bench "$k" --no-cache --message-format json \
+        >"$OUT/bench-$k-$i.json" 2>"$W/bench-$k-$i.stderr"
+    echo "   bench-$k-$i: exit $? after $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
+    tail -n 3 "$W/bench-$k-$i.stderr"
+    cd "$ROOT"
+    step "torch-$k-$i" "${TORCH_TIMEOUT:-120}" env PYTHONUNBUFFERED=1 python3 scripts/torch_compare.py \
+        --out "$OUT/torch-$k-$i.json" --kernels "$tk" --compile-budget-s 45
+}
+for k in "${KERNELS[@]}"; do
+    loop "$k" "${LOOP_TIMEOUT:-170}" "$k"
+    has rounds && round 1 "$k"
+done
 if has rounds; then
-    torch_kernels=$(printf '%s\n' "${KERNELS[@]}" | sed -e 's/^gemm$/matmul/' | paste -sd,)
-    for ((i = 1; i <= ${ROUNDS:-2}; i++)); do
-        cd "$ROOT/examples/llm-kernels"
-        echo "== bench-$i"
-        t0=$SECONDS
-        timeout "${BENCH_TIMEOUT:-90}" cargo kopt bench "${KERNELS[@]}" --no-cache --message-format json \
-            >"$OUT/bench-$i.json" 2>"$W/bench-$i.stderr"
-        echo "   bench-$i: exit $? after $((SECONDS - t0)) s" | tee -a "$W/summary.txt"
-        tail -n 3 "$W/bench-$i.stderr"
-        cd "$ROOT"
-        step "torch-$i" "${TORCH_TIMEOUT:-120}" env PYTHONUNBUFFERED=1 python3 scripts/torch_compare.py \
-            --out "$OUT/torch-$i.json" --kernels "$torch_kernels" --compile-budget-s 45
-    done
+    for k in "${KERNELS[@]}"; do round 2 "$k"; done
 fi
 ls -la "$OUT"

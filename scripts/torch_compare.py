@@ -39,6 +39,7 @@ KERNEL_ORDER = [
     "sum",
     "transpose",
     "gqa_decode",
+    "paged_decode",
     "silu_mul",
     "matmul",
 ]
@@ -118,6 +119,8 @@ def build_case(torch, F, kernel, spec, s):
             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
             (2 * b * hq * d + 2 * b * hkv * sl * d) * es, 4 * b * hq * sl * d,
             (b * hq * d + 2 * b * hkv * sl * d) * es)
+    if kernel == "paged_decode":
+        return paged_decode_case(torch, F, spec, s, dt, es, dev)
     if kernel == "silu_mul":
         t, d = s["tokens"], s["d"]
         return Case(kernel, s, lambda: (randn(t, 2 * d),),
@@ -128,6 +131,56 @@ def build_case(torch, F, kernel, spec, s):
         return Case(kernel, s, lambda: (randn(m, k), randn(k, n)), lambda a, b: torch.matmul(a, b),
                     (m * k + k * n + m * n) * es, 2 * m * n * k, (m * k + k * n) * es)
     raise SystemExit(f"unknown kernel `{kernel}` in the shapes file (known: {', '.join(KERNEL_ORDER)})")
+
+
+def spread(torch, lo, hi, n, dev):
+    """kopt's `spread(lo..hi)` over n elements: lo + floor(i * (hi - lo) / n), shuffled."""
+    vals = lo + torch.arange(n, dtype=torch.int64) * (hi - lo) // n
+    return vals[torch.randperm(n)].to(device=dev, dtype=torch.int32)
+
+
+def paged_decode_case(torch, F, spec, s, dt, es, dev):
+    """GQA decode over a paged KV cache, the inputs as the annotation draws them: the block
+    table a shuffled spread of the pages (a permutation: no page shared), the lengths spread
+    from min_len to max_len. Plain PyTorch has no paged attention, so each call gathers every
+    sequence's pages through the block table into contiguous K and V padded to max_pages *
+    page_size keys (one indexing copy each, already in [batch, kv_heads, keys, head_dim]
+    order), then runs scaled_dot_product_attention with a boolean mask of the padding. The
+    q_heads / kv_heads query heads of a KV head go in as that head's query rows ([batch,
+    kv_heads, group, head_dim]): the same attention as enable_gqa=True, and it keeps the
+    fused (memory-efficient) backend, which takes the mask, where enable_gqa would fall back
+    to the math backend and repeat K and V per query head. The ideal bytes are the kernel's:
+    q and out, the table and lengths, and the K and V rows of the sequences (the annotation's
+    figure, exact here)."""
+    b, hq, hkv = s["batch"], s["q_heads"], s["kv_heads"]
+    ps, mp, npg = s["page_size"], s["max_pages"], s["num_pages"]
+    lo, hi = s["min_len"], s["max_len"]
+    d = spec.get("head_dim", 128)
+    group, keys_padded = hq // hkv, mp * ps
+    keys = sum(lo + (i * (hi + 1 - lo)) // b for i in range(b))
+
+    def make():
+        return (torch.randn(b, hq, d, device=dev, dtype=dt),
+                torch.randn(npg, hkv, ps, d, device=dev, dtype=dt),
+                torch.randn(npg, hkv, ps, d, device=dev, dtype=dt),
+                spread(torch, 0, npg, b * mp, dev).view(b, mp),
+                spread(torch, lo, hi + 1, b, dev))
+
+    def fn(q, k_cache, v_cache, block_table, seq_lens):
+        pages = block_table.long().unsqueeze(1)                    # [b, 1, mp]
+        heads = torch.arange(hkv, device=q.device).view(1, hkv, 1)  # [1, hkv, 1]
+        # [b, hkv, mp, ps, d]: sequence b's pages of KV head h, in position order.
+        k = k_cache[pages, heads].view(b, hkv, keys_padded, d)
+        v = v_cache[pages, heads].view(b, hkv, keys_padded, d)
+        pos = torch.arange(keys_padded, device=q.device, dtype=torch.int32)
+        mask = (pos.view(1, keys_padded) < seq_lens.view(b, 1)).view(b, 1, 1, keys_padded)
+        o = F.scaled_dot_product_attention(q.view(b, hkv, group, d), k, v, attn_mask=mask)
+        return o.reshape(b, hq, d)
+
+    return Case("paged_decode", s, make, fn,
+                2 * b * hq * d * es + b * mp * 4 + b * 4 + 2 * keys * hkv * d * es,
+                4 * hq * d * keys,
+                (b * hq * d + 2 * npg * hkv * ps * d) * es + b * mp * 4 + b * 4)
 
 
 def time_graph(torch, fn, input_sets, min_calls, reps):

@@ -136,6 +136,77 @@ pub fn gqa_decode(
     seq_len: u32,
 );
 
+/// One decode step of grouped-query attention over a paged KV cache, as vLLM, mistral.rs
+/// and candle's paged attention lay it out (fp16, head dim 128): `k_cache` and `v_cache` are
+/// `[num_pages, kv_heads, page_size, 128]`, each (page, KV head) a contiguous tile;
+/// position `p` of sequence `b` is row `p % page_size` of page `block_table[b * max_pages +
+/// p / page_size]`. The inputs are drawn as an engine holds them: the block table a
+/// shuffled permutation of the pool's pages (`num_pages = batch * max_pages`: no page
+/// shared), the lengths spread evenly from `min_len` to `max_len` in a shuffled order (1k to
+/// 32k keys: a decode batch mixes short and long requests). `batch`, `num_pages`, `min_len`
+/// and `max_len` only size the buffers and the grid; the kernel takes the rest. The reference
+/// gives one block of 128 threads to each (sequence, KV head), its 4 query heads sharing each
+/// K and V row, with an online softmax in fp32 over steps of 64 keys.
+#[kopt::kernel(
+    reference = "kernels/paged_decode.cu",
+    entry = "paged_decode_f16",
+    q: [batch * q_heads * 128],
+    k_cache: [num_pages * kv_heads * page_size * 128],
+    v_cache: [num_pages * kv_heads * page_size * 128],
+    block_table: [batch * max_pages] spread(0..num_pages),
+    seq_lens: [batch] spread(min_len..max_len + 1),
+    out: [batch * q_heads * 128],
+    args = (q, k_cache, v_cache, block_table, seq_lens, out, q_heads, kv_heads, page_size, max_pages),
+    grid = batch * kv_heads,
+    block = 128,
+    // The pools: 1.1, 1.1 and 4.3 GB each of K and V (batch * 32768 keys * 8 heads * 256 B),
+    // about half of it read (the lengths average 16.9k keys).
+    shapes = [
+        { batch: 8, q_heads: 32, kv_heads: 8, page_size: 16, max_pages: 2048, num_pages: 16384, min_len: 1024, max_len: 32768 },
+        { batch: 8, q_heads: 32, kv_heads: 8, page_size: 64, max_pages: 512, num_pages: 4096, min_len: 1024, max_len: 32768 },
+        { batch: 32, q_heads: 32, kv_heads: 8, page_size: 16, max_pages: 2048, num_pages: 65536, min_len: 1024, max_len: 32768 },
+    ],
+    // The ideal bytes: q and out, the block table and the lengths, and the K and V rows of the
+    // sequences, read once. The lengths sum to batch * min_len + sum(floor(i * (max_len -
+    // min_len + 1) / batch)) over i < batch, which is batch * min_len + (max_len - min_len) *
+    // (batch - 1) / 2 up to (gcd(max_len - min_len + 1, batch) - 1) / 2 keys: exact to within
+    // batch / 2 rows. (Not batch * (min_len + max_len) / 2: the spread's largest length is
+    // about (max_len - min_len) / batch below max_len, and that figure would be half a long
+    // sequence too many, 13% at batch 8.)
+    bytes = 2 * batch * q_heads * 128 * 2 + batch * max_pages * 4 + batch * 4
+        + (batch * min_len + (max_len - min_len) * (batch - 1) / 2) * kv_heads * 128 * 2 * 2,
+    flops = 4 * q_heads * 128 * (batch * min_len + (max_len - min_len) * (batch - 1) / 2),
+    // A group of at most 8 query heads (the mma rows of the candidate); whole tiles of 16
+    // keys per page (the candidate's tile never straddles a page); every length fits the
+    // table's pages; the candidate's grid.y is batch * kv_heads.
+    constraints = [
+        q_heads % kv_heads == 0,
+        q_heads / kv_heads <= 8,
+        page_size % 16 == 0,
+        min_len >= 1,
+        min_len <= max_len,
+        max_len <= max_pages * page_size,
+        batch * kv_heads <= 65535,
+    ],
+)]
+pub fn paged_decode(
+    stream: &CudaStream,
+    q: &CudaSlice<f16>,
+    k_cache: &CudaSlice<f16>,
+    v_cache: &CudaSlice<f16>,
+    block_table: &CudaSlice<i32>,
+    seq_lens: &CudaSlice<i32>,
+    out: &mut CudaSlice<f16>,
+    batch: u32,
+    q_heads: u32,
+    kv_heads: u32,
+    page_size: u32,
+    max_pages: u32,
+    num_pages: u32,
+    min_len: u32,
+    max_len: u32,
+);
+
 /// Row sums of a `rows x cols` fp32 matrix: the normaliser of a sampling step over a
 /// batch of vocabulary-sized rows, and a norm-like reduction over hidden dimensions.
 /// Written with the launch configuration as tunables (216 valid combinations), the
@@ -255,6 +326,14 @@ pub fn silu_mul(
     a: [m * k],
     b: [k * n],
     c: [m * n] tol(rtol = 2e-3, atol = 1e-2),
+    // TMA tensor maps a variant may take instead of the pointers (the reference takes the
+    // pointers): tiles of 64 halves (128 bytes, one 128-byte swizzle row) by 128 rows of A,
+    // 64 by 64 of B and of C.
+    tensor_maps = {
+        a_map: tensor_map(a, dims = [k, m], box = [64, 128], swizzle = 128, l2_promotion = 256),
+        b_map: tensor_map(b, dims = [n, k], box = [64, 64], swizzle = 128, l2_promotion = 256),
+        c_map: tensor_map(c, dims = [n, m], box = [64, 64], swizzle = 128),
+    },
     grid = (ceil_div(n, 32), ceil_div(m, 32)),
     block = (32, 8),
     shapes = [
@@ -276,11 +355,12 @@ pub fn gemm(
 );
 
 /// Every kernel of the crate, for tools and the example binary.
-pub static KERNELS: [&kopt::Kernel; 9] = [
+pub static KERNELS: [&kopt::Kernel; 10] = [
     &SOFTMAX,
     &RMSNORM,
     &REDUCE_SUM,
     &GQA_DECODE,
+    &PAGED_DECODE,
     &ROW_SUM,
     &LAYER_NORM,
     &TRANSPOSE,

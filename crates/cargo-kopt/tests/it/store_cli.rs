@@ -130,7 +130,7 @@ fn pending_then_accept_prints_what_it_replaces_and_records_a_case() {
         .count();
     assert!(e
         .kopt_ok(&["check"])
-        .contains(&format!("ok: 10 kernel(s), {locks} accepted variant(s)")));
+        .contains(&format!("ok: 11 kernel(s), {locks} accepted variant(s)")));
     assert!(e
         .kopt_ok(&["list"])
         .contains("sm_90: online-vec4-b where cols % 4 == 0"));
