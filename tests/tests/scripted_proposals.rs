@@ -241,6 +241,7 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
             "gemm",
             "gqa_decode",
             "layer_norm",
+            "paged_decode",
             "reduce_sum",
             "rmsnorm",
             "silu_mul",
@@ -372,4 +373,38 @@ fn the_scripted_agent_refuses_a_stale_patch_and_a_missing_source() {
     assert!(set["proposals"][0]["candidate"]
         .get("source_file")
         .is_none());
+}
+
+/// The Hopper candidates of `agents/hopper/` (answered with `KOPT_PROPOSALS` pointing
+/// there): valid, and launchable on every shape, as above. The GEMM's takes the annotation's
+/// tensor maps.
+#[test]
+fn the_hopper_proposals_are_valid_and_launchable_on_every_shape() {
+    let hopper = agents_dir().join("hopper");
+    let mut checked = Vec::new();
+    for k in kernels() {
+        let name = &k.spec.name;
+        let path = hopper.join(format!("{name}.proposal.json"));
+        if !path.is_file() {
+            continue;
+        }
+        // What the scripted agent answers: each candidate's source written out.
+        let mut set: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for p in set["proposals"].as_array_mut().unwrap() {
+            let file = p["candidate"]["source_file"].as_str().unwrap().to_string();
+            let source = std::fs::read_to_string(hopper.join(file)).unwrap();
+            let c = p["candidate"].as_object_mut().unwrap();
+            c.remove("source_file");
+            c.insert("source".into(), source.into());
+        }
+        let resolved = proposal::parse(&set.to_string(), &k.spec, &k.reference.text)
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        for r in &resolved {
+            check_launchable(&k.spec, name, &r.proposal, &r.source);
+        }
+        checked.push(name.clone());
+    }
+    checked.sort();
+    assert_eq!(checked, ["gemm", "gqa_decode", "paged_decode"]);
 }
