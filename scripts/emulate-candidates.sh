@@ -61,7 +61,7 @@ open(f"{work}/sm.cpp", "w").write(s)
 # paged_decode: the candidate, the blocks of a cluster side by side (its merge reads their
 # shared memory), with paged_ptx_emu.h's intrinsics; and the reference kernel, common.cuh
 # inlined.
-conv(source('paged_decode'), 'paged.cpp', gqa=True, dyn_smem=True, block_shared=True)
+conv(resolved_set(f"{agents}/hopper/paged_decode.proposal.json")["proposals"][0]["candidate"]["source"], 'paged.cpp', gqa=True, dyn_smem=True, block_shared=True)
 s = open(f"{work}/paged.cpp").read().replace('#include "gqa_ptx_emu.h"', '#include "paged_ptx_emu.h"')
 open(f"{work}/paged.cpp", "w").write(s)
 kernels = f"{agents}/../kernels"
@@ -199,7 +199,7 @@ done
 echo "paged_decode candidate: $fails failed"
 [ "$fails" -eq 0 ]
 
-# gqa_decode_v3 (agents/gqa_decode_v3.cu, proposals[0] of gqa_decode_v3.proposal.json):
+# gqa_decode_v3 (agents/gqa_decode_v3.cu, proposals[0] of hopper/gqa_decode.proposal.json):
 # its own conversion (the relaxed cluster arrive and the pushes into other blocks' shared
 # memory are emulated in gqa_v3_emu.h) and driver (gqa_v3_test.cpp: batch q_heads kv_heads
 # seq_len WAVE_BLOCKS CLUSTER GROUPS FEW_BLOCKS [splits cluster]). The proposal's rule
@@ -216,7 +216,7 @@ import re, sys
 agents, work = sys.argv[1], sys.argv[2]
 sys.path.insert(0, sys.argv[3])
 from scripted_agent import resolved_set
-s = resolved_set(f"{agents}/gqa_decode_v3.proposal.json")["proposals"][0]["candidate"]["source"]
+s = resolved_set(f"{agents}/hopper/gqa_decode.proposal.json")["proposals"][0]["candidate"]["source"]
 s = s.replace('#include <cuda_fp16.h>', '#include "emu.h"').replace('extern "C" __global__', '')
 # Blocks of a cluster run side by side: each its own static shared variables.
 s = re.sub(r'__shared__ (?:__align__\(\d+\) )?(\w+) (\w+)((?:\[[^\]]+\])*);',

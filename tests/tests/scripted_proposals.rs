@@ -241,7 +241,6 @@ fn every_scripted_proposal_is_valid_and_launchable_on_every_shape() {
             "gemm",
             "gqa_decode",
             "layer_norm",
-            "paged_decode",
             "reduce_sum",
             "rmsnorm",
             "silu_mul",
