@@ -120,7 +120,7 @@ pub fn max_bytes() -> u64 {
 /// count: they are the odd sizes.
 pub fn sanitizer_shapes(job: &EvalJob) -> Vec<kopt_spec::shapes::ShapeCase> {
     let bytes = |s: &kopt_spec::shapes::ShapeCase| {
-        kopt_spec::shapes::shape_bytes(
+        kopt_spec::shapes::ideal_bytes(
             &job.spec,
             &job.spec.shape_args(&kopt_spec::spec::Shape {
                 values: s.values.clone(),
@@ -256,7 +256,7 @@ pub fn run_tool(
 ) -> SanitizerResult {
     let mut small = candidate_alone(job);
     small.shapes.sort_by_key(|s| {
-        kopt_spec::shapes::shape_bytes(
+        kopt_spec::shapes::ideal_bytes(
             &job.spec,
             &job.spec.shape_args(&kopt_spec::spec::Shape {
                 values: s.values.clone(),

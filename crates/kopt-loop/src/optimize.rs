@@ -1760,7 +1760,7 @@ pub fn pending_variant(w: &Winner) -> Result<PendingVariant> {
                 shape: case.values.clone(),
                 reference_us: s.reference_us?,
                 variant_us: s.candidate_us?,
-                ideal_bytes: Some(kopt_spec::shapes::shape_bytes(&k.spec, &args)),
+                ideal_bytes: Some(kopt_spec::shapes::ideal_bytes(&k.spec, &args)),
                 registers: s.registers,
                 occupancy_pct: s.occupancy_pct,
             })

@@ -51,7 +51,19 @@ pub use held_out::{
     seed_independent_held_out_shapes, shape_is_valid,
 };
 
-/// Total bytes of the buffers of a shape.
+/// The bytes a shape ideally moves: the annotation's `bytes` (every buffer once when it
+/// gives none), for bandwidth figures. A kernel that reads part of its buffers (a paged KV
+/// cache's pool, of which the sequences hold half) declares what it reads; where the
+/// expression cannot be evaluated, the buffers' total.
+pub fn ideal_bytes(spec: &KernelSpec, args: &[i64]) -> u64 {
+    spec.compile_expr(&spec.bytes, &BTreeMap::new())
+        .ok()
+        .and_then(|p| expr::eval(&p, args).ok())
+        .filter(|b| *b > 0)
+        .map_or_else(|| shape_bytes(spec, args), |b| b as u64)
+}
+
+/// Total bytes of the buffers of a shape: the memory it takes.
 pub fn shape_bytes(spec: &KernelSpec, args: &[i64]) -> u64 {
     spec.buffers()
         .filter_map(|b| {
@@ -106,6 +118,29 @@ pub fn coordinates(index: u64, dims: &[(String, u64)]) -> Vec<(String, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ideal_bytes_are_the_annotations_and_memory_is_the_buffers() {
+        let s = tiny_spec();
+        // No `bytes`: every buffer once.
+        assert_eq!(ideal_bytes(&s, &[16, 64]), 2 * 16 * 64 * 4);
+        let item = crate::spec::parse_item(
+            "pub fn rows_of(s: &CudaStream, pool: &CudaSlice<f32>, y: &mut CudaSlice<f32>, rows: u32, cols: u32);"
+                .parse()
+                .unwrap(),
+        )
+        .unwrap();
+        // A pool of which the kernel reads one row per output.
+        let (read, _) = crate::spec::parse_kernel(
+            "reference = \"k.cu\", pool: [rows * cols * 8], y: [rows * cols], bytes = 2 * rows * cols * 4, grid = rows, block = 256, shapes = [{ rows: 16, cols: 64 }]"
+                .parse()
+                .unwrap(),
+            &item,
+        )
+        .unwrap();
+        assert_eq!(ideal_bytes(&read, &[16, 64]), 2 * 16 * 64 * 4);
+        assert_eq!(shape_bytes(&read, &[16, 64]), 9 * 16 * 64 * 4);
+    }
 
     fn tiny_spec() -> KernelSpec {
         let item = crate::spec::parse_item(

@@ -704,7 +704,7 @@ impl CudaBackend {
         let mut out = ShapeReport {
             label: case.label.clone(),
             held_out: case.held_out,
-            bytes: kopt_spec::shapes::shape_bytes(spec, &args),
+            bytes: kopt_spec::shapes::ideal_bytes(spec, &args),
             flops: spec.flops.as_ref().and_then(eval).map(|v| v.max(0) as u64),
             error: None,
             checks: Vec::new(),

@@ -394,7 +394,7 @@ impl Backend for FakeBackend {
                 weight: 1.0,
             };
             let args = spec.shape_args(&shape);
-            let bytes = kopt_spec::shapes::shape_bytes(spec, &args);
+            let bytes = kopt_spec::shapes::ideal_bytes(spec, &args);
             let geometry = |v: &KernelVersion| v.geometry(spec, &args);
             let (rg, cg) = match (geometry(&job.reference), geometry(&job.candidate)) {
                 (Ok(r), Ok(c)) => (r, c),
