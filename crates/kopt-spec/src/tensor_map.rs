@@ -249,7 +249,7 @@ impl TensorMapArgs {
             } else {
                 16
             };
-            if bytes % align != 0 || bytes >= 1 << 40 {
+            if !bytes.is_multiple_of(align) || bytes >= 1 << 40 {
                 return bad(format!(
                     "the stride of dimension {i} is {bytes} bytes; strides must be multiples of {align} bytes below 2^40 ({}); pad the rows, or declare a shape where they are",
                     match v.strides.get(i - 1) {
@@ -285,7 +285,7 @@ impl TensorMapArgs {
         }
         let inner = u64::from(out.box_dims[0]) * elem;
         if decl.interleave == Interleave::None {
-            if inner % 16 != 0 {
+            if !inner.is_multiple_of(16) {
                 return bad(format!(
                     "the box's inner dimension is {inner} bytes (box[0] = `{}` x {elem}); without interleave it must be a multiple of 16 bytes",
                     decl.box_dims[0]
@@ -330,7 +330,7 @@ impl TensorMapArgs {
         } else {
             16
         };
-        if address % align != 0 {
+        if !address.is_multiple_of(align) {
             return Err(format!(
                 "tensor map `{name}`: the buffer's address {address:#x} is not {align}-byte aligned (a view that starts mid-allocation?); TMA needs it"
             ));

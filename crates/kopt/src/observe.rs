@@ -911,7 +911,7 @@ impl State {
         for (i, map) in maps.iter_mut().enumerate() {
             slots[base + i] = map as *mut _ as *mut c_void;
         }
-        reference.enqueue(stream, &mut slots)?;
+        reference.enqueue(stream, &slots)?;
         // Compare each output with the reference's, then fetch the first failing element.
         let comparers = self.comparers(stream)?;
         let results = pre.results.1.ptr;
