@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks and times the TMA GEMM candidate (examples/llm-kernels/agents/gemm_tma.cu) against
+"""Checks and times the TMA GEMM candidate (examples/llm-kernels/kopt/gemm/run-1796224274-r1c1/kernel.cu) against
 torch.matmul (cuBLAS) and the accepted cp.async variant, on an H200, without kopt.
 
 Modes:
@@ -46,7 +46,7 @@ def cdiv(a, b):
     return (a + b - 1) // b
 
 
-# Configurations. kind "tma": gemm_f16_tma from agents/gemm_tma.cu with `defines`; the
+# Configurations. kind "tma": gemm_f16_tma from the accepted variant's kernel.cu with `defines`; the
 # launch rule's choices: cluster size for the wide (128x256) and narrow (128x128) paths,
 # persistent grid or one CTA per tile, and the persistent cap (NUM_SMS, or "auto": the
 # occupancy API's count of co-resident clusters). kind "base": the accepted variant.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds and benchmarks the TMA GEMM candidate (examples/llm-kernels/agents/gemm_tma.cu)
+# Builds and benchmarks the TMA GEMM candidate (examples/llm-kernels/kopt/gemm/run-1796224274-r1c1/kernel.cu)
 # against torch.matmul and the accepted variant, on an H200. From the repository root:
 #     bash scripts/gemm-tma/run.sh
 # Needs: nvcc (CUDA 12.3+ / 13), python3 with torch, the driver. Under 4 minutes:
@@ -28,7 +28,7 @@ timeout 20 python3 $HERE/bench.py selftest >/dev/null || echo "selftest FAILED"
 
 echo "== build"
 CUDA_INC=$(dirname "$(dirname "$NVCC")")/include
-TMA_SRC=examples/llm-kernels/agents/gemm_tma.cu
+TMA_SRC=examples/llm-kernels/kopt/gemm/run-1796224274-r1c1/kernel.cu
 BASE_SRC=examples/llm-kernels/kopt/gemm/run-1795963354-r1c2/kernel.cu
 while IFS=$'\t' read -r name kind ptx flags; do
     if [ "$kind" = base ]; then
