@@ -29,7 +29,7 @@ timeout 20 python3 $HERE/bench.py selftest >/dev/null || echo "selftest FAILED"
 echo "== build"
 CUDA_INC=$(dirname "$(dirname "$NVCC")")/include
 TMA_SRC=examples/llm-kernels/kopt/gemm/run-1796224274-r1c1/kernel.cu
-BASE_SRC=examples/llm-kernels/kopt/gemm/run-1795963354-r1c2/kernel.cu
+BASE_SRC=examples/llm-kernels/agents/gemm_wgmma.cu
 while IFS=$'\t' read -r name kind ptx flags; do
     if [ "$kind" = base ]; then
         ( timeout 120 "$NVCC" -gencode=arch=compute_90a,code=sm_90a -cubin -Xptxas -v $flags \
