@@ -4,13 +4,20 @@
 use kopt_agent::proposal::{self, extract_json, repair_prompt};
 
 fn spec() -> kopt_spec::KernelSpec {
+    spec_of("reference = \"k.cu\", x: [n], y: [n], grid = ceil_div(n, 256), block = 256, shapes = [{ n: 4096 }]")
+}
+
+/// `scale(x, y, n)` under `annotation`.
+fn spec_of(annotation: &str) -> kopt_spec::KernelSpec {
     let item = kopt_spec::spec::parse_item(
         "pub fn scale(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: u32);"
             .parse()
             .unwrap(),
     )
     .unwrap();
-    kopt_spec::spec::parse_kernel("reference = \"k.cu\", x: [n], y: [n], grid = ceil_div(n, 256), block = 256, shapes = [{ n: 4096 }]".parse().unwrap(), &item).unwrap().0
+    kopt_spec::spec::parse_kernel(annotation.parse().unwrap(), &item)
+        .unwrap()
+        .0
 }
 
 const BEST: &str = "extern \"C\" __global__ void scale(const float* x, float* y, unsigned n) {\n    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) y[i] = 2.0f * x[i];\n}\n";
@@ -275,20 +282,9 @@ fn a_cluster_set_at_launch_is_validated_and_carried_into_the_candidate() {
 
 #[test]
 fn a_candidate_may_take_a_tensor_map_the_annotation_declares() {
-    let item = kopt_spec::spec::parse_item(
-        "pub fn scale(s: &CudaStream, x: &CudaSlice<f32>, y: &mut CudaSlice<f32>, n: u32);"
-            .parse()
-            .unwrap(),
-    )
-    .unwrap();
-    let spec = kopt_spec::spec::parse_kernel(
-        "reference = \"k.cu\", x: [n], y: [n], tensor_maps = { x_map: tensor_map(x, dims = [n], box = [256]) }, grid = ceil_div(n, 256), block = 256, shapes = [{ n: 4096 }]"
-            .parse()
-            .unwrap(),
-        &item,
-    )
-    .unwrap()
-    .0;
+    let spec = spec_of(
+        "reference = \"k.cu\", x: [n], y: [n], tensor_maps = { x_map: tensor_map(x, dims = [n], box = [256]) }, grid = ceil_div(n, 256), block = 256, shapes = [{ n: 4096 }]",
+    );
     let src = BEST.replace("const float* x", "const __grid_constant__ TensorMap x_map");
     let with_args =
         |args: serde_json::Value| reply(serde_json::json!({ "source": src, "args": args }));
