@@ -11,7 +11,7 @@
 # bench and verify see them), "bench" (JSON of `cargo kopt bench`: reference and active
 # version per shape), "verify" (`cargo kopt verify`, compute-sanitizer included: slower),
 # "searchbench" (the search's convergence benchmark on row_sum, 10 seeds), "torch"
-# (scripts/torch_compare.py). KERNELS overrides the kernels (default: the eight of the
+# (scripts/torch_compare.py). KERNELS overrides the kernels (default: the nine of the
 # suite). OPTIMIZE_ARGS adds arguments to the optimize step (e.g. "--min-uniform-gain 0.5").
 # Every step has its own timeout and goes on after a failure. All of it can take
 # longer than the device tool's 10 minutes a command: run it as several calls. What comes
@@ -21,7 +21,7 @@
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 STEPS="${STEPS:-optimize bench torch}"
-read -r -a KERNELS <<<"${KERNELS:-softmax layer_norm rmsnorm reduce_sum transpose gqa_decode silu_mul gemm}"
+read -r -a KERNELS <<<"${KERNELS:-softmax layer_norm rmsnorm reduce_sum transpose gqa_decode paged_decode silu_mul gemm}"
 ROOT="$PWD"
 W="$OUT/suite"
 mkdir -p "$W/logs"

@@ -438,8 +438,9 @@ pub enum ArgValue {
     Buffer(usize),
     /// A scalar of this type.
     Scalar(ScalarTy, Number),
-    /// A tensor map over a buffer: `cuTensorMapEncodeTiled`'s arguments but the address.
-    TensorMap(TensorMapArgs),
+    /// Tensor map number `index` (in [`KernelSpec::tensor_maps`] order) over a buffer:
+    /// `cuTensorMapEncodeTiled`'s arguments but the address.
+    TensorMap { index: usize, args: TensorMapArgs },
 }
 
 /// A scalar's value in a shape: integers for sizes, floats for things like `eps`.
@@ -896,9 +897,10 @@ impl KernelSpec {
                     }
                     Ok(ArgValue::Scalar(def.ty, Number::Int(v)))
                 }
-                KernelArgRef::TensorMap { index, .. } => Ok(ArgValue::TensorMap(
-                    self.tensor_map_args(index, defines, &args)?,
-                )),
+                KernelArgRef::TensorMap { index, .. } => Ok(ArgValue::TensorMap {
+                    index,
+                    args: self.tensor_map_args(index, defines, &args)?,
+                }),
             })
             .collect()
     }
@@ -2878,7 +2880,7 @@ mod tests {
         let v = spec
             .kernel_arg_values(Some(&tma), &spec.launch, &defines, &values)
             .unwrap();
-        let ArgValue::TensorMap(a) = v[0] else {
+        let ArgValue::TensorMap { index: 0, args: a } = v[0] else {
             panic!("{v:?}")
         };
         assert_eq!(
@@ -3041,7 +3043,7 @@ mod tests {
         .unwrap();
         let n = |v: ArgValue| match v {
             ArgValue::Scalar(_, n) => n.as_i64().unwrap(),
-            ArgValue::Buffer(_) | ArgValue::TensorMap(_) => panic!("not a scalar"),
+            ArgValue::Buffer(_) | ArgValue::TensorMap { .. } => panic!("not a scalar"),
         };
         let v = values_of(&spec, 0);
         assert_eq!(

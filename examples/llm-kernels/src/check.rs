@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use kopt::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use kopt::{bf16, f16, Kernel, Reason};
+use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 
 use crate::{
-    candle_softmax, cpu, gemm, gqa_decode, layer_norm, reduce_sum, rmsnorm, row_sum, silu_mul,
-    softmax, transpose,
+    candle_softmax, cpu, gemm, gqa_decode, layer_norm, paged_decode, reduce_sum, rmsnorm, row_sum,
+    silu_mul, softmax, transpose,
 };
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -232,6 +233,76 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         checks.push(compare(
             "gqa_decode",
             format!("b={b} hq={hq} hkv={hkv} s={s}"),
+            ran,
+            &got,
+            &want,
+            1e-2,
+            1e-2,
+        ));
+    }
+    // Pages of 16 and 64, lengths that end inside a page, on a page boundary and at one
+    // key; groups of 4 and 8 query heads; the block table a shuffled permutation of the
+    // pool's pages, as an engine's allocator leaves it.
+    for &(hq, hkv, page, lens) in &[
+        (8usize, 2usize, 16usize, &[1i32, 77, 1024, 300][..]),
+        (32, 8, 64, &[640, 129][..]),
+        (16, 2, 16, &[2048][..]),
+    ] {
+        let (b, d) = (lens.len(), 128);
+        let max_len = *lens.iter().max().unwrap() as usize;
+        let max_pages = max_len.div_ceil(page);
+        let num_pages = b * max_pages;
+        let mut table: Vec<i32> = (0..num_pages as i32).collect();
+        table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(31));
+        let rows = num_pages * hkv * page * d;
+        let (qh, q) = to_f16(&normal_f32(b * hq * d, 0.0, 32));
+        let (kh, k) = to_f16(&normal_f32(rows, 0.0, 33));
+        let (vh, v) = to_f16(&normal_f32(rows, 0.0, 34));
+        let (dq, dk, dv) = (
+            stream.clone_htod(&qh)?,
+            stream.clone_htod(&kh)?,
+            stream.clone_htod(&vh)?,
+        );
+        let (dt, dl) = (stream.clone_htod(&table)?, stream.clone_htod(lens)?);
+        let mut dout = poisoned::<f16>(stream, b * hq * d, f16::NAN)?;
+        let min_len = *lens.iter().min().unwrap() as u32;
+        paged_decode(
+            stream,
+            &dq,
+            &dk,
+            &dv,
+            &dt,
+            &dl,
+            &mut dout,
+            b as u32,
+            hq as u32,
+            hkv as u32,
+            page as u32,
+            max_pages as u32,
+            num_pages as u32,
+            min_len,
+            max_len as u32,
+        )?;
+        let got: Vec<f64> = stream
+            .clone_dtoh(&dout)?
+            .iter()
+            .map(|v| v.to_f64())
+            .collect();
+        let args = [
+            b,
+            hq,
+            hkv,
+            page,
+            max_pages,
+            num_pages,
+            min_len as usize,
+            max_len,
+        ];
+        let ran = ran(&crate::PAGED_DECODE, stream, &args.map(|a| a as i64))?;
+        let want = cpu::paged_decode(&q, &k, &v, &table, lens, hq, hkv, page, max_pages, d);
+        checks.push(compare(
+            "paged_decode",
+            format!("hq={hq} hkv={hkv} page={page} lens={lens:?}"),
             ran,
             &got,
             &want,

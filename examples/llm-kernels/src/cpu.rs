@@ -78,6 +78,49 @@ pub fn gqa_decode(
     out
 }
 
+/// One decode step over a paged KV cache (`[num_pages, hkv, page_size, d]` caches, a
+/// `[b, max_pages]` block table): gathers each sequence's rows through its table, then
+/// attends as [`gqa_decode`] does.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    block_table: &[i32],
+    seq_lens: &[i32],
+    hq: usize,
+    hkv: usize,
+    page_size: usize,
+    max_pages: usize,
+    d: usize,
+) -> Vec<f64> {
+    let b = seq_lens.len();
+    let mut out = Vec::with_capacity(b * hq * d);
+    for (bi, &len) in seq_lens.iter().enumerate() {
+        let len = len as usize;
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for kvh in 0..hkv {
+            for p in 0..len {
+                let page = block_table[bi * max_pages + p / page_size] as usize;
+                let row = ((page * hkv + kvh) * page_size + p % page_size) * d;
+                k.extend_from_slice(&k_cache[row..row + d]);
+                v.extend_from_slice(&v_cache[row..row + d]);
+            }
+        }
+        out.extend(gqa_decode(
+            &q[bi * hq * d..(bi + 1) * hq * d],
+            &k,
+            &v,
+            1,
+            hq,
+            hkv,
+            len,
+            d,
+        ));
+    }
+    out
+}
+
 pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], rows: usize, cols: usize, eps: f64) -> Vec<f64> {
     let mut y = vec![0.0; rows * cols];
     for r in 0..rows {

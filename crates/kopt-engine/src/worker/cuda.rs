@@ -1480,16 +1480,8 @@ fn params(spec: &KernelSpec, kernel_args: &[ArgValue], bufs: &Buffers) -> Result
                 p.cells.push(scalar_cell(ty, v));
                 p.order.push(Slot::Cell(p.cells.len() - 1));
             }
-            ArgValue::TensorMap(m) => {
-                let name = spec
-                    .tensor_maps
-                    .iter()
-                    .find(|d| {
-                        spec.buffers()
-                            .nth(m.buffer)
-                            .is_some_and(|b| b.name == d.buffer)
-                    })
-                    .map_or("?", |d| d.name.as_str());
+            ArgValue::TensorMap { index, args: m } => {
+                let name = &spec.tensor_maps[index].name;
                 let map = kopt::tensor_map::encode(name, &m, bufs.dev[m.buffer].ptr)
                     .map_err(Stop::Error)?;
                 p.maps.push(map);

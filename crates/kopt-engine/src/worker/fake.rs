@@ -791,7 +791,7 @@ pub fn render_args(spec: &KernelSpec, v: &KernelVersion, values: &[ArgValue]) ->
         .map(|(a, v)| match v {
             ArgValue::Buffer(_) => a.name().to_string(),
             ArgValue::Scalar(_, n) => format!("{}={n}", a.name()),
-            ArgValue::TensorMap(m) => {
+            ArgValue::TensorMap { args: m, .. } => {
                 let r = m.rank as usize;
                 let join = |x: &[String]| x.join("x");
                 format!(
