@@ -164,8 +164,8 @@ for geometry in "-DWARPS=8 -DSTAGES=3" "-DWARPS=4 -DSTAGES=3" "-DWARPS=8 -DSTAGE
 done
 echo "gqa_decode_pipe: $fails failed"
 [ "$fails" -eq 0 ]
-# paged_decode (kernels/paged_decode.cu, the reference, and agents/paged_decode.cu, the
-# candidate): q_heads kv_heads page_size LENS [cluster]. Pages of 16, 64, 32 and 80 keys;
+# paged_decode (kernels/paged_decode.cu, the reference, and the accepted variant,
+# kopt/paged_decode/run-1796233338-r1c1): q_heads kv_heads page_size LENS [cluster]. Pages of 16, 64, 32 and 80 keys;
 # groups of 1, 3, 4 and 8 query heads; lengths of 0 and 1, below a tile, not a multiple of
 # the page, equal ones (the candidate's longest-first ranking breaks ties by index); rows
 # past a sequence and unused pages hold NaN. The candidate also: its rule's clusters (8 at

@@ -1,5 +1,5 @@
-// Emulations for the paged_decode kernels (kernels/paged_decode.cu and the candidate
-// agents/paged_decode.cu): gqa_decode's PTX wrappers and intrinsics, plus the CUDA
+// Emulations for the paged_decode kernels (kernels/paged_decode.cu and the accepted
+// variant, kopt/paged_decode/run-1796233338-r1c1): gqa_decode's PTX wrappers and intrinsics, plus the CUDA
 // intrinsics only these use.
 #pragma once
 #include "gqa_ptx_emu.h"

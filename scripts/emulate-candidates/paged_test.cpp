@@ -6,7 +6,7 @@
 // values in the rows of the sequences and NaN everywhere else (unused rows of a last page,
 // unused pages): a kernel that lets them reach the output fails.
 // Built with -DREF: kernels/paged_decode.cu (grid batch * kv_heads, 128 threads). Otherwise
-// the candidate agents/paged_decode.cu with its launch rule: grid (C, batch * kv_heads),
+// the accepted variant (kopt/paged_decode/run-1796233338-r1c1) with its launch rule: grid (C, batch * kv_heads),
 // WARPS * 32 threads, WARPS * STAGES * 8192 bytes of dynamic shared memory, clusters of C
 // = clamp(SPLIT_BLOCKS / (batch * kv_heads), 1, MAX_CLUSTER); `cluster` overrides C.
 #define STR2(x) #x
