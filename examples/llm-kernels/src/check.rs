@@ -35,11 +35,20 @@ pub fn normal_f32(n: usize, mean: f32, seed: u64) -> Vec<f32> {
     (0..n).map(|_| d.sample(&mut rng)).collect()
 }
 
-/// Rounds through f16, so that the CPU reference sees exactly the GPU's inputs.
-fn to_f16(v: &[f32]) -> (Vec<f16>, Vec<f32>) {
-    let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+/// `n` values drawn from N(mean, 1) and rounded through f16, on the device, with the
+/// rounded values for the CPU reference (which so sees exactly the GPU's inputs).
+fn normal_f16(
+    stream: &Arc<CudaStream>,
+    n: usize,
+    mean: f32,
+    seed: u64,
+) -> Res<(CudaSlice<f16>, Vec<f32>)> {
+    let h: Vec<f16> = normal_f32(n, mean, seed)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
     let back = h.iter().map(|x| x.to_f32()).collect();
-    (h, back)
+    Ok((stream.clone_htod(&h)?, back))
 }
 
 fn compare(
@@ -145,9 +154,8 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
     }
 
     for &(rows, cols) in &[(64usize, 4096usize), (3, 8192)] {
-        let (xh, x) = to_f16(&normal_f32(rows * cols, 0.0, 7));
-        let (wh, w) = to_f16(&normal_f32(cols, 1.0, 8));
-        let (dx, dw) = (stream.clone_htod(&xh)?, stream.clone_htod(&wh)?);
+        let (dx, x) = normal_f16(stream, rows * cols, 0.0, 7)?;
+        let (dw, w) = normal_f16(stream, cols, 1.0, 8)?;
         let mut dy = poisoned::<f16>(stream, rows * cols, f16::NAN)?;
         rmsnorm(stream, &dx, &dw, &mut dy, rows as u32, cols as u32, 1e-5)?;
         let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|v| v.to_f64()).collect();
@@ -207,14 +215,9 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         (8, 32, 8, 256),
     ] {
         let d = 128;
-        let (qh, q) = to_f16(&normal_f32(b * hq * d, 0.0, 21));
-        let (kh, k) = to_f16(&normal_f32(b * hkv * s * d, 0.0, 22));
-        let (vh, v) = to_f16(&normal_f32(b * hkv * s * d, 0.0, 23));
-        let (dq, dk, dv) = (
-            stream.clone_htod(&qh)?,
-            stream.clone_htod(&kh)?,
-            stream.clone_htod(&vh)?,
-        );
+        let (dq, q) = normal_f16(stream, b * hq * d, 0.0, 21)?;
+        let (dk, k) = normal_f16(stream, b * hkv * s * d, 0.0, 22)?;
+        let (dv, v) = normal_f16(stream, b * hkv * s * d, 0.0, 23)?;
         let mut dout = poisoned::<f16>(stream, b * hq * d, f16::NAN)?;
         gqa_decode(
             stream, &dq, &dk, &dv, &mut dout, b as u32, hq as u32, hkv as u32, s as u32,
@@ -255,14 +258,9 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         let mut table: Vec<i32> = (0..num_pages as i32).collect();
         table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(31));
         let rows = num_pages * hkv * page * d;
-        let (qh, q) = to_f16(&normal_f32(b * hq * d, 0.0, 32));
-        let (kh, k) = to_f16(&normal_f32(rows, 0.0, 33));
-        let (vh, v) = to_f16(&normal_f32(rows, 0.0, 34));
-        let (dq, dk, dv) = (
-            stream.clone_htod(&qh)?,
-            stream.clone_htod(&kh)?,
-            stream.clone_htod(&vh)?,
-        );
+        let (dq, q) = normal_f16(stream, b * hq * d, 0.0, 32)?;
+        let (dk, k) = normal_f16(stream, rows, 0.0, 33)?;
+        let (dv, v) = normal_f16(stream, rows, 0.0, 34)?;
         let (dt, dl) = (stream.clone_htod(&table)?, stream.clone_htod(lens)?);
         let mut dout = poisoned::<f16>(stream, b * hq * d, f16::NAN)?;
         let min_len = *lens.iter().min().unwrap() as u32;
@@ -312,14 +310,9 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
     }
     // Row lengths that take a vectorised path (a multiple of 8) and one that does not.
     for &(rows, cols) in &[(64usize, 4096usize), (3, 8192), (5, 1001)] {
-        let (xh, x) = to_f16(&normal_f32(rows * cols, 0.5, 41));
-        let (wh, w) = to_f16(&normal_f32(cols, 1.0, 42));
-        let (bh, b) = to_f16(&normal_f32(cols, 0.0, 43));
-        let (dx, dw, db) = (
-            stream.clone_htod(&xh)?,
-            stream.clone_htod(&wh)?,
-            stream.clone_htod(&bh)?,
-        );
+        let (dx, x) = normal_f16(stream, rows * cols, 0.5, 41)?;
+        let (dw, w) = normal_f16(stream, cols, 1.0, 42)?;
+        let (db, b) = normal_f16(stream, cols, 0.0, 43)?;
         let mut dy = poisoned::<f16>(stream, rows * cols, f16::NAN)?;
         layer_norm(
             stream,
@@ -364,8 +357,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
     }
 
     for &(tokens, d) in &[(16usize, 4096usize), (64, 1376), (7, 1001)] {
-        let (xh, x) = to_f16(&normal_f32(tokens * 2 * d, 0.0, 61));
-        let dx = stream.clone_htod(&xh)?;
+        let (dx, x) = normal_f16(stream, tokens * 2 * d, 0.0, 61)?;
         let mut dout = poisoned::<f16>(stream, tokens * d, f16::NAN)?;
         silu_mul(stream, &dx, &mut dout, tokens as u32, d as u32)?;
         let got: Vec<f64> = stream
@@ -387,9 +379,8 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
 
     // Whole tiles; M, N and K past the tiles (N and K multiples of 8); odd sizes.
     for &(m, n, k) in &[(256usize, 256usize, 512usize), (130, 136, 40), (33, 17, 19)] {
-        let (ah, a) = to_f16(&normal_f32(m * k, 0.0, 71));
-        let (bh, b) = to_f16(&normal_f32(k * n, 0.0, 72));
-        let (da, db) = (stream.clone_htod(&ah)?, stream.clone_htod(&bh)?);
+        let (da, a) = normal_f16(stream, m * k, 0.0, 71)?;
+        let (db, b) = normal_f16(stream, k * n, 0.0, 72)?;
         let mut dc = poisoned::<f16>(stream, m * n, f16::NAN)?;
         gemm(stream, &da, &db, &mut dc, m as u32, n as u32, k as u32)?;
         let got: Vec<f64> = stream.clone_dtoh(&dc)?.iter().map(|v| v.to_f64()).collect();
