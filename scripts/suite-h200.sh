@@ -24,6 +24,18 @@ STEPS="${STEPS:-optimize bench torch}"
 read -r -a KERNELS <<<"${KERNELS:-softmax layer_norm rmsnorm reduce_sum transpose gqa_decode paged_decode silu_mul gemm}"
 ROOT="$PWD"
 W="$OUT/suite"
+# cargo-kopt: gpu-stage's .gpu/bin (on the PATH through .gpu/run.sh), else the compressed
+# binaries of scripts/gpu-stage-tests.sh.
+if ! command -v cargo-kopt >/dev/null; then
+    for f in "$ROOT"/.gpu/cuda-13000/bin/*.xz; do
+        [ -e "$f" ] && xz -d -f "$f" && chmod +x "${f%.xz}"
+    done
+    export PATH="$ROOT/.gpu/cuda-13000/bin:$PATH"
+fi
+command -v cargo-kopt >/dev/null || {
+    echo "suite-h200.sh: no cargo-kopt: stage it first (gpu-stage, or scripts/gpu-stage-tests.sh)" >&2
+    exit 2
+}
 mkdir -p "$W/logs"
 has() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 step() { # step NAME SECONDS CMD...: runs CMD with a timeout, logs to $W/logs/NAME.txt
