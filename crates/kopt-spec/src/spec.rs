@@ -2862,6 +2862,48 @@ mod tests {
         )
     }
 
+    /// Two maps over one buffer (A's tiles for two tile heights): each value names its own
+    /// map, so an encoding error names the map that failed, not the buffer's first.
+    #[test]
+    fn two_maps_over_one_buffer_keep_their_own_index() {
+        let spec = parse(
+            quote! {
+                reference = "kernels/gemm.cu",
+                a: [m * k], b: [k * n], c: [m * n],
+                tensor_maps = {
+                    a_tall: tensor_map(a, dims = [k, m], box = [64, 128]),
+                    a_short: tensor_map(a, dims = [k, m], box = [64, 64]),
+                },
+                grid = ceil_div(m, 128), block = 128,
+                shapes = [{ m: 512, n: 4096, k: 4096 }],
+            },
+            gemm_item(),
+        )
+        .unwrap();
+        let list: Vec<String> = ["a_short", "a_tall", "b", "c", "m", "n", "k"]
+            .map(String::from)
+            .into();
+        let v = spec
+            .kernel_arg_values(
+                Some(&list),
+                &spec.launch,
+                &BTreeMap::new(),
+                &spec.shapes[0].values,
+            )
+            .unwrap();
+        let maps: Vec<(usize, usize, u32)> = v
+            .iter()
+            .filter_map(|a| match a {
+                ArgValue::TensorMap { index, args } => {
+                    Some((*index, args.buffer, args.box_dims[1]))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(maps, [(1, 0, 64), (0, 0, 128)]);
+        assert_eq!(spec.tensor_maps[maps[0].0].name, "a_short");
+    }
+
     #[test]
     fn a_variant_takes_tensor_maps_where_the_reference_takes_pointers() {
         let spec = gemm_with_maps(quote!()).unwrap();
@@ -2887,6 +2929,10 @@ mod tests {
             (a.buffer, &a.dims[..2], a.strides[0], &a.box_dims[..2]),
             (0, &[4096u64, 512][..], 8192, &[64u32, 64][..])
         );
+        assert!(matches!(
+            v[1],
+            ArgValue::TensorMap { index: 1, args } if args.buffer == 1
+        ));
         assert!(matches!(v[2], ArgValue::Buffer(2)));
         // What a variant's list must be.
         let err = |v: &[&str]| spec.version_args(Some(&names(v))).unwrap_err();
