@@ -95,12 +95,9 @@ pub fn ran(k: &Kernel, stream: &CudaStream, args: &[i64]) -> Res<String> {
     })
 }
 
-/// A half-precision (fp16 or bf16) device buffer read back as f64, for comparing with the
-/// CPU references.
-fn halves_to_host<T: DeviceRepr + Copy>(
-    stream: &Arc<CudaStream>,
-    buf: &CudaSlice<T>,
-) -> Res<Vec<f64>>
+/// A device buffer (f32, fp16 or bf16) read back as f64, for comparing with the CPU
+/// references.
+fn to_host_f64<T: DeviceRepr + Copy>(stream: &Arc<CudaStream>, buf: &CudaSlice<T>) -> Res<Vec<f64>>
 where
     f64: From<T>,
 {
@@ -128,7 +125,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         let dx = stream.clone_htod(&x)?;
         let mut dy = poisoned::<f32>(stream, rows * cols, f32::NAN)?;
         softmax(stream, &dx, &mut dy, rows as u32, cols as u32)?;
-        let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|&v| v as f64).collect();
+        let y = to_host_f64(stream, &dy)?;
         let ran = ran(&crate::SOFTMAX, stream, &[rows as i64, cols as i64])?;
         checks.push(compare(
             "softmax",
@@ -152,7 +149,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         let dx = stream.clone_htod(&xb)?;
         let mut dy = poisoned::<bf16>(stream, rows * cols, bf16::NAN)?;
         candle_softmax(stream, &dx, &mut dy, rows as u32, cols as i32)?;
-        let y = halves_to_host(stream, &dy)?;
+        let y = to_host_f64(stream, &dy)?;
         let ran = ran(&crate::CANDLE_SOFTMAX, stream, &[rows as i64, cols as i64])?;
         checks.push(compare(
             "candle_softmax",
@@ -170,7 +167,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         let (dw, w) = normal_f16(stream, cols, 1.0, 8)?;
         let mut dy = poisoned::<f16>(stream, rows * cols, f16::NAN)?;
         rmsnorm(stream, &dx, &dw, &mut dy, rows as u32, cols as u32, 1e-5)?;
-        let y = halves_to_host(stream, &dy)?;
+        let y = to_host_f64(stream, &dy)?;
         let ran = ran(&crate::RMSNORM, stream, &[rows as i64, cols as i64, 0])?;
         checks.push(compare(
             "rmsnorm",
@@ -206,7 +203,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         let dx = stream.clone_htod(&x)?;
         let mut dy = poisoned::<f32>(stream, rows, f32::NAN)?;
         row_sum(stream, &dx, &mut dy, rows as u32, cols as u32)?;
-        let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|&v| v as f64).collect();
+        let y = to_host_f64(stream, &dy)?;
         let ran = ran(&crate::ROW_SUM, stream, &[rows as i64, cols as i64])?;
         checks.push(compare(
             "row_sum",
@@ -234,7 +231,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         gqa_decode(
             stream, &dq, &dk, &dv, &mut dout, b as u32, hq as u32, hkv as u32, s as u32,
         )?;
-        let got = halves_to_host(stream, &dout)?;
+        let got = to_host_f64(stream, &dout)?;
         let ran = ran(
             &crate::GQA_DECODE,
             stream,
@@ -289,7 +286,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
             min_len,
             max_len as u32,
         )?;
-        let got = halves_to_host(stream, &dout)?;
+        let got = to_host_f64(stream, &dout)?;
         let args = [
             b,
             hq,
@@ -328,7 +325,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
             cols as u32,
             1e-5,
         )?;
-        let y = halves_to_host(stream, &dy)?;
+        let y = to_host_f64(stream, &dy)?;
         let ran = ran(&crate::LAYER_NORM, stream, &[rows as i64, cols as i64, 0])?;
         checks.push(compare(
             "layer_norm",
@@ -347,7 +344,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         let dx = stream.clone_htod(&x)?;
         let mut dy = poisoned::<f32>(stream, rows * cols, f32::NAN)?;
         transpose(stream, &dx, &mut dy, rows as u32, cols as u32)?;
-        let y: Vec<f64> = stream.clone_dtoh(&dy)?.iter().map(|&v| v as f64).collect();
+        let y = to_host_f64(stream, &dy)?;
         let ran = ran(&crate::TRANSPOSE, stream, &[rows as i64, cols as i64])?;
         checks.push(compare(
             "transpose",
@@ -364,7 +361,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         let (dx, x) = normal_f16(stream, tokens * 2 * d, 0.0, 61)?;
         let mut dout = poisoned::<f16>(stream, tokens * d, f16::NAN)?;
         silu_mul(stream, &dx, &mut dout, tokens as u32, d as u32)?;
-        let got = halves_to_host(stream, &dout)?;
+        let got = to_host_f64(stream, &dout)?;
         let ran = ran(&crate::SILU_MUL, stream, &[tokens as i64, d as i64])?;
         checks.push(compare(
             "silu_mul",
@@ -383,7 +380,7 @@ pub fn check_all(stream: &Arc<CudaStream>) -> Res<Vec<Check>> {
         let (db, b) = normal_f16(stream, k * n, 0.0, 72)?;
         let mut dc = poisoned::<f16>(stream, m * n, f16::NAN)?;
         gemm(stream, &da, &db, &mut dc, m as u32, n as u32, k as u32)?;
-        let got = halves_to_host(stream, &dc)?;
+        let got = to_host_f64(stream, &dc)?;
         let ran = ran(&crate::GEMM, stream, &[m as i64, n as i64, k as i64])?;
         checks.push(compare(
             "gemm",
