@@ -199,7 +199,7 @@ done
 echo "paged_decode candidate: $fails failed"
 [ "$fails" -eq 0 ]
 
-# gqa_decode_v3 (agents/gqa_decode_v3.cu, proposals[0] of hopper/gqa_decode.proposal.json):
+# gqa_decode_v3 (agents/gqa_decode_v3.cu, rejected by the loop on 2026-12-02):
 # its own conversion (the relaxed cluster arrive and the pushes into other blocks' shared
 # memory are emulated in gqa_v3_emu.h) and driver (gqa_v3_test.cpp: batch q_heads kv_heads
 # seq_len WAVE_BLOCKS CLUSTER GROUPS FEW_BLOCKS [splits cluster]). The proposal's rule
@@ -215,8 +215,7 @@ python3 - "$agents" "$work" "$here" <<'PY'
 import re, sys
 agents, work = sys.argv[1], sys.argv[2]
 sys.path.insert(0, sys.argv[3])
-from scripted_agent import resolved_set
-s = resolved_set(f"{agents}/hopper/gqa_decode.proposal.json")["proposals"][0]["candidate"]["source"]
+s = open(f"{agents}/gqa_decode_v3.cu").read()
 s = s.replace('#include <cuda_fp16.h>', '#include "emu.h"').replace('extern "C" __global__', '')
 # Blocks of a cluster run side by side: each its own static shared variables.
 s = re.sub(r'__shared__ (?:__align__\(\d+\) )?(\w+) (\w+)((?:\[[^\]]+\])*);',

@@ -91,7 +91,24 @@ pub fn ask_scripted_agent(mut cmd: Command, kernel: &str) -> Output {
 /// from the file it points at (`scripts/scripted_agent.py`). Panics with the agent's stderr
 /// when it fails.
 pub fn scripted_answer(agents_dir: &Path, kernel: &str) -> String {
-    let out = ask_scripted_agent(Command::new(agents_dir.join("scripted-agent.sh")), kernel);
+    scripted_answer_from(agents_dir, None, kernel)
+}
+
+/// As [`scripted_answer`], with the proposal files read from `proposals` when given (as
+/// the Hopper runs answer from `agents/hopper/`, with `KOPT_PROPOSALS`): the agent's
+/// script with that folder.
+pub fn scripted_answer_from(agents_dir: &Path, proposals: Option<&Path>, kernel: &str) -> String {
+    let cmd = match proposals {
+        None => Command::new(agents_dir.join("scripted-agent.sh")),
+        Some(dir) => {
+            let mut c = Command::new("python3");
+            c.arg(agents_dir.join("../../../scripts/scripted_agent.py"))
+                .arg("answer")
+                .arg(dir);
+            c
+        }
+    };
+    let out = ask_scripted_agent(cmd, kernel);
     assert!(
         out.status.success(),
         "{}/scripted-agent.sh for {kernel}: {}",

@@ -387,17 +387,10 @@ fn the_hopper_proposals_are_valid_and_launchable_on_every_shape() {
         if !path.is_file() {
             continue;
         }
-        // What the scripted agent answers: each candidate's source written out.
-        let mut set: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        for p in set["proposals"].as_array_mut().unwrap() {
-            let file = p["candidate"]["source_file"].as_str().unwrap().to_string();
-            let source = std::fs::read_to_string(hopper.join(file)).unwrap();
-            let c = p["candidate"].as_object_mut().unwrap();
-            c.remove("source_file");
-            c.insert("source".into(), source.into());
-        }
-        let resolved = proposal::parse(&set.to_string(), &k.spec, &k.reference.text)
+        // What the scripted agent answers: each candidate's source written out, its
+        // patch applied.
+        let text = kopt_tests::scripted_answer_from(&agents_dir(), Some(&hopper), name);
+        let resolved = proposal::parse(&text, &k.spec, &k.reference.text)
             .unwrap_or_else(|e| panic!("{name}: {e:?}"));
         for r in &resolved {
             check_launchable(&k.spec, name, &r.proposal, &r.source);
