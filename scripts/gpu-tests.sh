@@ -10,6 +10,9 @@
 # cargo-kopt they start as the worker, put first on the PATH). Other arguments go to each
 # test binary. Each binary has 400 s. KOPT_GPU_TESTS="gpu_numerics-test mcp-test" runs
 # those binaries only, in that order (the quick ones first when device time is short).
+# it-test's capture and MCP tests start `cargo kopt`, which runs `cargo metadata`: stage
+# cargo too (`../shared/tools/gpu-stage --with-cargo --no-tests`, before this folder's
+# scripts/gpu-stage-tests.sh, since gpu-stage clears .gpu/), or they fail to start cargo.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; here="$(pwd)"; fail=0
 tests=.gpu/tests; log="$OUT/gpu-tests.log"
