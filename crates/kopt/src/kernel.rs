@@ -8,6 +8,7 @@ use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::{CudaFunction, CudaStream};
 use kopt_spec::expr::{self, Op};
+use kopt_spec::tensor_map::TensorMapArgs;
 use kopt_spec::KernelSpec;
 
 use crate::compile;
@@ -185,6 +186,9 @@ pub struct Launch<'a> {
     pub(crate) owner: &'static Kernel,
     /// The scalar arguments it was prepared for (floats as 0).
     pub(crate) args: &'a [i64],
+    /// The tensor maps evaluated for this version when it was prepared, one slot per
+    /// declared map: `Some` for each map the version takes.
+    maps: &'a [Option<TensorMapArgs>],
     /// Which version: `None` for the reference, else its index in `KernelDef::variants`.
     pub(crate) version: Option<usize>,
     pub variant: &'static str,
@@ -221,27 +225,22 @@ impl Launch<'_> {
     }
 
     /// Tensor map number `index` for this launch's version over the buffer at `address`:
-    /// from the kernel's cache, else encoded ([`crate::tensor_map`]). A zeroed map when
-    /// the version does not take it.
+    /// from the kernel's cache, else encoded ([`crate::tensor_map`]), from the fields
+    /// evaluated when the launch was prepared. A zeroed map when the version does not take
+    /// it.
     #[doc(hidden)]
     pub fn tensor_map(
         &self,
         index: usize,
         address: u64,
-        args: &[i64],
     ) -> Result<crate::tensor_map::TensorMap, Error> {
         let k = self.owner;
-        if !self.order.contains(&(k.map_pool_base() + index as u16)) {
-            return Ok(crate::tensor_map::unused());
+        match &self.maps[index] {
+            None => Ok(crate::tensor_map::unused()),
+            Some(map) => k
+                .map_cache
+                .get(self.kernel, index, k.maps[index].name, map, address),
         }
-        let map = k
-            .map_args(index, self.version, args)
-            .map_err(|problem| Error::TensorMap {
-                kernel: self.kernel,
-                problem,
-            })?;
-        k.map_cache
-            .get(self.kernel, index, k.maps[index].name, &map, address)
     }
 
     /// Enqueues the kernel.
@@ -430,43 +429,57 @@ impl Kernel {
     }
 
     /// Picks the function for this launch (compiling on first use in the stream's
-    /// context) and computes its geometry. Allocation-free and lock-free once the
-    /// context has been seen.
+    /// context), computes its geometry and evaluates its tensor maps into `maps` (one slot
+    /// per declared map, which the launch then reads: each map is evaluated once).
+    /// Allocation-free and lock-free once the context has been seen.
     #[doc(hidden)]
     pub fn prepare<'a>(
         &'static self,
         stream: &CudaStream,
         args: &'a [i64],
+        maps: &'a mut [Option<TensorMapArgs>],
     ) -> Result<Launch<'a>, Error> {
         let loaded = self.loaded(stream)?;
-        let version = self.pick(loaded, args).map(|(i, _, _)| i);
-        self.launch_of(stream, loaded, version, args)
+        let version = self.pick(loaded, args, maps).map(|(i, _, _)| i);
+        self.launch_of(stream, loaded, version, args, maps)
     }
 
-    /// The launch of the reference for these arguments, in this stream's context.
+    /// The launch of the reference for these arguments, in this stream's context, its
+    /// tensor maps evaluated into `maps`.
     pub(crate) fn reference_launch<'a>(
         &'static self,
         stream: &CudaStream,
         args: &'a [i64],
+        maps: &'a mut [Option<TensorMapArgs>],
     ) -> Result<Launch<'a>, Error> {
         let loaded = self.loaded(stream)?;
-        self.launch_of(stream, loaded, None, args)
+        self.launch_of(stream, loaded, None, args, maps)
     }
 
-    /// The launch of `version` (`None`: the reference) for these arguments.
+    /// The launch of `version` (`None`: the reference) for these arguments. `maps` holds
+    /// the variant's evaluated maps where [`Self::pick`] chose it; the reference's are
+    /// evaluated here.
     fn launch_of<'a>(
         &'static self,
         stream: &CudaStream,
         loaded: &'static Loaded,
         version: Option<usize>,
         args: &'a [i64],
+        maps: &'a mut [Option<TensorMapArgs>],
     ) -> Result<Launch<'a>, Error> {
         let (def, function) = match version.and_then(|i| {
             let (f, _) = loaded.variants[i].as_ref()?;
             Some((&self.def.variants[i], f))
         }) {
             Some(found) => found,
-            None => (&self.def.reference, self.reference(stream, loaded)?),
+            None => {
+                self.version_maps(None, args, maps)
+                    .map_err(|problem| Error::TensorMap {
+                        kernel: self.def.name,
+                        problem,
+                    })?;
+                (&self.def.reference, self.reference(stream, loaded)?)
+            }
         };
         let dim = |p: &'static [Op], what: &'static str| -> Result<u32, Error> {
             let v = expr::eval(p, args).map_err(|e| Error::Expr {
@@ -526,6 +539,7 @@ impl Kernel {
             owner: self,
             args,
             version: version.filter(|&i| loaded.variants[i].is_some()),
+            maps,
             variant: def.id,
             grid,
             block,
@@ -534,18 +548,21 @@ impl Kernel {
         })
     }
 
-    /// The first loaded variant, in try order, whose region holds; `None`: the reference.
+    /// The first loaded variant, in try order, whose region holds and whose tensor maps
+    /// encode for `args` (evaluated into `maps`); `None`: the reference.
     fn pick<'a>(
         &'a self,
         loaded: &'a Loaded,
         args: &[i64],
+        maps: &mut [Option<TensorMapArgs>],
     ) -> Option<(usize, &'a VariantDef, &'a CudaFunction)> {
         if disabled() || self.fell_back.load(Ordering::Relaxed) {
             return None;
         }
         loaded.order.iter().find_map(|&i| {
             let (def, (f, _)) = (&self.def.variants[i], loaded.variants[i].as_ref()?);
-            (region_holds(def, args) && self.maps_problem(i, args).is_none()).then_some((i, def, f))
+            (region_holds(def, args) && self.version_maps(Some(i), args, maps).is_ok())
+                .then_some((i, def, f))
         })
     }
 
@@ -561,7 +578,7 @@ impl Kernel {
         index: usize,
         version: Option<usize>,
         args: &[i64],
-    ) -> Result<kopt_spec::tensor_map::TensorMapArgs, String> {
+    ) -> Result<TensorMapArgs, String> {
         let def = &self.maps[index];
         let programs = match version {
             None => &def.reference,
@@ -586,7 +603,7 @@ impl Kernel {
             .nth(def.buffer)
             .map(|b| b.dtype)
             .expect("the macro embeds the map's buffer");
-        let map = kopt_spec::tensor_map::TensorMapArgs::new(
+        let map = TensorMapArgs::new(
             decl,
             def.buffer,
             dtype,
@@ -602,15 +619,28 @@ impl Kernel {
         Ok(map)
     }
 
-    /// Why variant `version` cannot take its tensor maps for `args` (the first map that
-    /// does not encode), or `None`: it then runs where its region holds, and the reference
+    /// Evaluates into `maps` (one slot per declared map) the tensor maps that `version`
+    /// (`None`: the reference) takes, the others `None`. The error is the first map that
+    /// does not encode: a variant then runs where its region holds, and the reference
     /// elsewhere.
-    fn maps_problem(&self, version: usize, args: &[i64]) -> Option<String> {
+    fn version_maps(
+        &self,
+        version: Option<usize>,
+        args: &[i64],
+        maps: &mut [Option<TensorMapArgs>],
+    ) -> Result<(), String> {
         let base = self.map_pool_base();
-        let order = self.def.variants[version].args;
-        (0..self.maps.len())
-            .filter(|&m| order.contains(&(base + m as u16)))
-            .find_map(|m| self.map_args(m, Some(version), args).err())
+        let order = match version {
+            None => self.def.reference.args,
+            Some(i) => self.def.variants[i].args,
+        };
+        for (m, slot) in maps.iter_mut().enumerate().take(self.maps.len()) {
+            *slot = None;
+            if order.contains(&(base + m as u16)) {
+                *slot = Some(self.map_args(m, version, args)?);
+            }
+        }
+        Ok(())
     }
 
     /// The reference's function in this context, compiled by NVRTC the first time.
@@ -775,7 +805,8 @@ impl Kernel {
                 missed.push(format!("`{}` cannot run here: {}", def.id, first_line(err)));
                 continue;
             }
-            let maps = self.maps_problem(i, args);
+            let mut slots = vec![None; self.maps.len()];
+            let maps = self.version_maps(Some(i), args, &mut slots).err();
             if region_holds(def, args) && maps.is_none() {
                 return Selection {
                     kernel: self.def.name,

@@ -92,4 +92,5 @@ pub mod prelude {
 #[doc(hidden)]
 pub mod __private {
     pub use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
+    pub use kopt_spec::tensor_map::TensorMapArgs;
 }

@@ -870,7 +870,8 @@ impl State {
     ) -> Result<(), Error> {
         let spec = kernel.spec();
         let s = stream.cu_stream();
-        let reference = kernel.reference_launch(stream, l.args)?;
+        let mut reference_maps = vec![None; spec.tensor_maps.len()];
+        let reference = kernel.reference_launch(stream, l.args, &mut reference_maps)?;
         // The reference's pool: the scratch outputs, its own computed arguments, and its
         // own tensor maps (over the scratch outputs where they describe one).
         let mut slots: Vec<*mut c_void> = params.to_vec();
@@ -905,7 +906,7 @@ impl State {
                 Some(o) => scratch[o],
                 None => device_ptr(params[param]),
             };
-            maps.push(reference.tensor_map(i, address, l.args)?);
+            maps.push(reference.tensor_map(i, address)?);
         }
         let base = base + computed.len();
         for (i, map) in maps.iter_mut().enumerate() {

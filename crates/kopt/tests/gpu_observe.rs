@@ -122,7 +122,7 @@ fn launch(
     let xd = stream.clone_htod(x).unwrap();
     let mut yd = stream.alloc_zeros::<f32>(x.len()).unwrap();
     let args = [rows as i64, cols as i64];
-    let l = k.prepare(stream, &args).unwrap();
+    let l = k.prepare(stream, &args, &mut []).unwrap();
     {
         let (px, _gx) = xd.device_ptr(stream);
         let (py, _gy) = yd.device_ptr_mut(stream);

@@ -145,8 +145,9 @@ fn first_launch() -> Res<bool> {
     let mut total = 0.0;
     for k in KERNELS {
         let args = k.spec().shape_args(&k.spec().shapes[0]);
+        let mut maps = vec![None; k.spec().tensor_maps.len()];
         let t = Instant::now();
-        k.prepare(&stream, &args)?;
+        k.prepare(&stream, &args, &mut maps)?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
         total += ms;
         println!("{:<12} {ms:>9.1}  {}", k.name(), k.explain(&stream, &args)?);
