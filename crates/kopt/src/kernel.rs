@@ -439,6 +439,11 @@ impl Kernel {
         args: &'a [i64],
         maps: &'a mut [Option<TensorMapArgs>],
     ) -> Result<Launch<'a>, Error> {
+        assert_eq!(
+            maps.len(),
+            self.maps.len(),
+            "one slot per declared tensor map"
+        );
         let loaded = self.loaded(stream)?;
         let version = self.pick(loaded, args, maps).map(|(i, _, _)| i);
         self.launch_of(stream, loaded, version, args, maps)
@@ -452,6 +457,11 @@ impl Kernel {
         args: &'a [i64],
         maps: &'a mut [Option<TensorMapArgs>],
     ) -> Result<Launch<'a>, Error> {
+        assert_eq!(
+            maps.len(),
+            self.maps.len(),
+            "one slot per declared tensor map"
+        );
         let loaded = self.loaded(stream)?;
         self.launch_of(stream, loaded, None, args, maps)
     }
@@ -634,7 +644,7 @@ impl Kernel {
             None => self.def.reference.args,
             Some(i) => self.def.variants[i].args,
         };
-        for (m, slot) in maps.iter_mut().enumerate().take(self.maps.len()) {
+        for (m, slot) in maps.iter_mut().enumerate() {
             *slot = None;
             if order.contains(&(base + m as u16)) {
                 *slot = Some(self.map_args(m, version, args)?);
@@ -799,13 +809,13 @@ impl Kernel {
             return reference(Reason::ShadowFallback);
         }
         let mut missed = Vec::new();
+        let mut slots = vec![None; self.maps.len()];
         for i in try_order(self.def.variants, arch, device) {
             let def = &self.def.variants[i];
             if let Some((_, err)) = failures.iter().find(|(id, _)| *id == def.id) {
                 missed.push(format!("`{}` cannot run here: {}", def.id, first_line(err)));
                 continue;
             }
-            let mut slots = vec![None; self.maps.len()];
             let maps = self.version_maps(Some(i), args, &mut slots).err();
             if region_holds(def, args) && maps.is_none() {
                 return Selection {
